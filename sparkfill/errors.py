@@ -1,0 +1,82 @@
+"""The one exception hierarchy of sparkfill.
+
+Invariant: every error that crosses the public API is a ``SparkfillError``;
+errors of Spark, delta-rs, SQLite or sqlglot are translated at the boundary
+(``sparkfill.engine``) into one of these, with what was wrong and where.
+A statement or DML call that raises one of these has changed nothing.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SparkfillError",
+    "SqlError",
+    "UnsupportedQuery",
+    "CatalogError",
+    "UnknownRelation",
+    "UnknownColumn",
+    "RelationExists",
+    "DependentObjects",
+    "InvalidOption",
+    "DataError",
+    "MaterializedViewNotReady",
+    "EpochNotRetained",
+    "WarehouseLocked",
+    "EngineClosed",
+]
+
+
+class SparkfillError(Exception):
+    """Base class of every error raised by sparkfill."""
+
+
+class SqlError(SparkfillError):
+    """A statement could not be parsed or analysed."""
+
+
+class UnsupportedQuery(SqlError):
+    """A query uses a construct sparkfill does not maintain incrementally."""
+
+
+class CatalogError(SparkfillError):
+    """A statement conflicts with the catalog."""
+
+
+class UnknownRelation(CatalogError):
+    """No table or materialized view has this name."""
+
+
+class UnknownColumn(CatalogError):
+    """A relation has no column of this name."""
+
+
+class RelationExists(CatalogError):
+    """A table or materialized view of this name already exists."""
+
+
+class DependentObjects(CatalogError):
+    """A relation cannot be dropped while other relations read it."""
+
+
+class InvalidOption(SparkfillError):
+    """An option name or value (WITH, SET) is not valid."""
+
+
+class DataError(SparkfillError):
+    """Rows given to a DML call do not fit the table (null key, wrong type, ...)."""
+
+
+class MaterializedViewNotReady(SparkfillError):
+    """The materialized view is still being created (backfilling)."""
+
+
+class EpochNotRetained(SparkfillError):
+    """The requested epoch is not committed, or no longer retained."""
+
+
+class WarehouseLocked(SparkfillError):
+    """Another process holds the warehouse's writer lock."""
+
+
+class EngineClosed(SparkfillError):
+    """The engine was closed."""

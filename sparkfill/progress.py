@@ -1,0 +1,46 @@
+"""Progress records handed to users: one ``JobProgress`` per creating or created
+MV, one ``EpochReport`` per committed epoch.
+
+Invariant: these are plain immutable values derived from state that was
+committed with an epoch; holding one never pins engine resources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["JobProgress", "EpochReport", "JOB_STATES"]
+
+#: The states of a job, in the order a job goes through them.
+JOB_STATES = ("queued", "backfilling", "catching_up", "created")
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Progress of the job that creates a materialized view."""
+
+    name: str
+    strategy: str
+    state: str
+    rows_done: int
+    rows_total_estimate: int
+    rows_per_second: float
+    eta_seconds: float | None
+
+    @property
+    def fraction_done(self) -> float:
+        if self.state == "created":
+            return 1.0
+        if self.rows_total_estimate <= 0:
+            return 0.0
+        return min(1.0, self.rows_done / self.rows_total_estimate)
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What one committed epoch did."""
+
+    epoch: int
+    seconds: float
+    changes: dict[str, int] = field(default_factory=dict)
+    jobs: list[JobProgress] = field(default_factory=list)
