@@ -1,0 +1,62 @@
+# sparkfill developer entry points.
+#   make demo   - set up .venv, ensure Java 17/21, run the demo
+#   make test   - set up .venv, ensure Java 17/21, run pytest (PYTEST_ARGS="-k foo" to filter)
+#   make lint   - ruff + mypy
+#   make bench  - run the backfill benchmark
+#   make clean  - remove caches and generated warehouses (distclean also removes .venv)
+
+PYTHON ?= python3
+VENV ?= .venv
+PYTEST_ARGS ?=
+
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+# Prefix for recipes that need Java: export JAVA_HOME from ensure_java.sh
+# (its last stdout line) and put $JAVA_HOME/bin first on PATH.
+WITH_JAVA = JAVA_HOME="$$(bash scripts/ensure_java.sh | tail -n 1)"; \
+	export JAVA_HOME; export PATH="$$JAVA_HOME/bin:$$PATH";
+
+.PHONY: demo test venv java lint bench clean distclean
+
+demo: venv
+	@$(WITH_JAVA) exec $(VPY) -m sparkfill.demo
+
+test: venv
+	@$(WITH_JAVA) exec $(VPY) -m pytest -q $(PYTEST_ARGS)
+
+venv: $(STAMP)
+
+# Reinstall only when pyproject.toml changes (the install is editable, so code
+# changes need no reinstall).
+$(STAMP): pyproject.toml
+	@if ! "$(VPY)" -m pip --version >/dev/null 2>&1; then \
+		echo "Creating $(VENV) with $(PYTHON)"; \
+		$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed;" \
+			"on Debian/Ubuntu try: apt-get install -y python3-venv" >&2; exit 1; }; \
+	fi
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -e ".[dev]"
+	@touch $@
+
+java:
+	@bash scripts/ensure_java.sh
+
+lint: venv
+	$(VENV)/bin/ruff check sparkfill tests bench
+	$(VENV)/bin/mypy sparkfill
+
+bench: venv
+	@$(WITH_JAVA) exec $(VPY) bench/backfill_bench.py
+
+clean:
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build spark-warehouse metastore_db \
+		derby.log warehouse demo-warehouse
+	rm -f $(STAMP)
+
+distclean: clean
+	rm -rf $(VENV)
