@@ -44,3 +44,7 @@ class EpochReport:
     seconds: float
     changes: dict[str, int] = field(default_factory=dict)
     jobs: list[JobProgress] = field(default_factory=list)
+    #: rows in the data files each relation's reads selected this epoch
+    rows_read: dict[str, int] = field(default_factory=dict)
+    #: snapshot rows each creating job backfilled this epoch
+    backfill_rows: dict[str, int] = field(default_factory=dict)

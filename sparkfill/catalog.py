@@ -1,0 +1,109 @@
+"""The catalog: tables and materialized views, loaded from the meta store.
+
+Invariant: relation ids grow in creation order and an MV is only created over
+relations that already exist, so id order is a topological order of the
+dataflow; the in-memory catalog always mirrors the meta store's committed rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UnknownRelation
+from .meta_store import MetaStore, RelationRow
+from .options import BackfillOptions
+from .planner import MvPlan
+from .relation_store import StoredRelation
+from .schema import Column
+
+__all__ = ["Relation", "Catalog"]
+
+
+@dataclass(frozen=True)
+class Relation:
+    id: int
+    name: str
+    kind: str  # "table" | "mv"
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    state: str  # "created" | "creating"
+    created_epoch: int
+    dir: str
+    row_count: int = 0
+    ready_epoch: int | None = None
+    sql: str | None = None
+    plan: MvPlan | None = None
+    options: BackfillOptions | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stored(self) -> StoredRelation:
+        return StoredRelation(self.id, self.name, self.dir, self.columns, self.key)
+
+    @property
+    def visible_columns(self) -> list[Column]:
+        return [c for c in self.columns if not c.hidden]
+
+    @property
+    def upstream(self) -> str | None:
+        return None if self.plan is None else self.plan.upstream
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "columns": [c.to_json() for c in self.columns],
+            "key": list(self.key),
+            "sql": self.sql,
+            "plan": None if self.plan is None else self.plan.to_json(),
+            "options": None if self.options is None else self.options.to_json(),
+        }
+
+    @staticmethod
+    def from_row(row: RelationRow) -> Relation:
+        d = row.definition
+        return Relation(
+            id=row.id, name=row.name, kind=row.kind,
+            columns=tuple(Column.from_json(c) for c in d["columns"]),
+            key=tuple(d["key"]), state=row.state, created_epoch=row.created_epoch,
+            dir=row.dir, row_count=row.row_count, ready_epoch=row.ready_epoch, sql=d.get("sql"),
+            plan=None if d.get("plan") is None else MvPlan.from_json(d["plan"]),
+            options=None if d.get("options") is None else BackfillOptions.from_json(d["options"]),
+        )
+
+    def to_row(self) -> RelationRow:
+        return RelationRow(self.id, self.name, self.kind, self.definition(), self.state,
+                           self.created_epoch, self.row_count, self.dir, self.ready_epoch)
+
+
+class Catalog:
+    def __init__(self, meta: MetaStore) -> None:
+        self.meta = meta
+        self._by_name: dict[str, Relation] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        self._by_name = {r.name.lower(): Relation.from_row(r) for r in self.meta.relations()}
+
+    def get(self, name: str) -> Relation:
+        rel = self._by_name.get(name.lower())
+        if rel is None:
+            known = ", ".join(sorted(r.name for r in self._by_name.values())) or "none"
+            raise UnknownRelation(f"no table or materialized view named {name!r} (known: {known})")
+        return rel
+
+    def get_by_id(self, rel_id: int) -> Relation:
+        for r in self._by_name.values():
+            if r.id == rel_id:
+                return r
+        raise UnknownRelation(f"no relation with id {rel_id}")
+
+    def find(self, name: str) -> Relation | None:
+        return self._by_name.get(name.lower())
+
+    def all(self) -> list[Relation]:
+        """Every relation in topological (id) order."""
+        return sorted(self._by_name.values(), key=lambda r: r.id)
+
+    def dependents(self, name: str) -> list[Relation]:
+        return [r for r in self.all() if r.upstream is not None
+                and r.upstream.lower() == name.lower()]

@@ -1,0 +1,257 @@
+"""The epoch coordinator: runs epochs one after another.
+
+Invariant: epoch ``e`` is planned (its inputs pinned: the staged DML up to a
+sequence number and each creating job's chunk limit) and the plan persisted
+before any work, so a crash at any point is recovered by re-running the same
+plan: the appends that already landed are skipped (Delta application
+transactions) and the rest recomputed from the same inputs. Nothing of ``e`` is
+visible before ``commit_epoch``.
+
+Epoch ``e``:
+1. inputs: the staged DML pinned by the plan;
+2. Δ per relation in topological order: tables from DML, created MVs from their
+   upstream's Δ, creating MVs through their backfill scan;
+3. append every non-empty Δ to its relation;
+4. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
+5. release the epoch's cached Δs; compact and vacuum.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from .backfill import (
+    BackfillScan,
+    Done,
+    InProgress,
+    NotStarted,
+    mv_delta,
+    rows_done,
+    state_from_rows,
+    state_to_row,
+)
+from .catalog import Catalog, Relation
+from .dml import DmlStager, table_delta
+from .keyrange import END
+from .meta_store import EpochCommit, MetaStore, ProgressRow
+from .progress import EpochReport, JobProgress
+from .relation_store import RelationStore
+from .schema import OP
+
+__all__ = ["EpochCoordinator"]
+
+
+@dataclass
+class _RateSample:
+    at: float
+    rows: int
+
+
+class EpochCoordinator:
+    def __init__(self, spark: SparkSession, meta: MetaStore, store: RelationStore,
+                 catalog: Catalog, stager: DmlStager, retain_epochs: int) -> None:
+        self.spark = spark
+        self.meta = meta
+        self.store = store
+        self.catalog = catalog
+        self.stager = stager
+        self.retain_epochs = retain_epochs
+        self.scan = BackfillScan(spark, store)
+        self._tokens: dict[int, float] = {}
+        self._token_time: dict[int, float] = {}
+        self._samples: dict[int, deque[_RateSample]] = defaultdict(lambda: deque(maxlen=12))
+        #: rows each relation read from storage in the last epoch
+        self.last_rows_read: dict[str, int] = {}
+
+    # --- planning -------------------------------------------------------------------------
+
+    def _chunk_limit(self, mv: Relation, now: float) -> int | None:
+        assert mv.options is not None
+        opts = mv.options
+        if opts.strategy == "blocking":
+            return None
+        if opts.rate_limit is None:
+            return opts.chunk_rows
+        if opts.rate_limit == 0:
+            return 0
+        last = self._token_time.get(mv.id)
+        tokens = self._tokens.get(mv.id, 0.0)
+        tokens = min(float(opts.chunk_rows),
+                     tokens + (opts.rate_limit if last is None else opts.rate_limit * (now - last)))
+        self._token_time[mv.id] = now
+        limit = int(tokens)
+        self._tokens[mv.id] = tokens - limit
+        return limit
+
+    def plan(self) -> dict[str, Any]:
+        epoch = self.meta.committed_epoch + 1
+        staged = self.meta.staged()
+        now = time.time()
+        limits = {str(r.id): self._chunk_limit(r, now) for r in self.catalog.all()
+                  if r.kind == "mv" and r.state == "creating"}
+        return {"epoch": epoch, "dml_upto": max((b.seq for b in staged), default=0),
+                "limits": limits}
+
+    def step(self) -> EpochReport:
+        plan = self.plan()
+        self.meta.begin_epoch(plan["epoch"], plan)
+        return self.execute(plan)
+
+    def recover(self) -> EpochReport | None:
+        pending = self.meta.pending_epoch()
+        if pending is None:
+            return None
+        _, plan = pending
+        return self.execute(plan)
+
+    # --- execution ------------------------------------------------------------------------
+
+    def execute(self, plan: dict[str, Any]) -> EpochReport:
+        started = time.time()
+        epoch = int(plan["epoch"])
+        prev = epoch - 1
+        self.store.rows_read.clear()
+
+        # phase 1: inputs — the staged DML the plan pinned
+        batches = self.meta.staged(int(plan["dml_upto"]))
+        by_table: dict[int, list[Any]] = defaultdict(list)
+        for b in batches:
+            by_table[b.rel_id].append(b)
+
+        # phase 2: Δ per relation, in topological order
+        deltas: dict[int, DataFrame] = {}
+        counts: dict[int, dict[str, int]] = {}
+        cached: list[DataFrame] = []
+        progress: list[ProgressRow] = []
+        created: list[int] = []
+        chunk_rows: dict[int, int] = {}
+        for rel in self.catalog.all():
+            delta: DataFrame | None = None
+            if rel.kind == "table":
+                if by_table.get(rel.id):
+                    delta = table_delta(self.spark, self.store, rel, by_table[rel.id], prev)
+            else:
+                upstream = self.catalog.get(rel.plan.upstream) if rel.plan else None
+                assert upstream is not None
+                delta_u = deltas.get(upstream.id)
+                if rel.state == "created":
+                    if delta_u is not None:
+                        delta = mv_delta(rel, upstream, delta_u, END, END, None)
+                else:
+                    state, pinned = state_from_rows(self.meta.progress(rel.id))
+                    limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows
+                                               if rel.options else None)
+                    result = self.scan.run(rel, upstream, state, pinned, limit, delta_u, epoch)
+                    cached.extend(result.cached)
+                    delta = result.delta
+                    chunk_rows[rel.id] = result.chunk_rows
+                    progress.append(state_to_row(rel.id, result.state, result.pinned_epoch))
+                    if isinstance(result.state, Done):
+                        created.append(rel.id)
+            if delta is None:
+                continue
+            delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(delta)
+            by_op = {r[0]: int(r[1]) for r in delta.groupBy(OP).count().collect()}
+            if sum(by_op.values()):
+                deltas[rel.id] = delta
+                counts[rel.id] = by_op
+
+        # phase 3: append every non-empty Δ
+        versions: dict[int, int] = {}
+        for rel in self.catalog.all():
+            if rel.id in deltas:
+                rows = sum(counts[rel.id].values())
+                versions[rel.id] = self.store.append(rel.stored, epoch, deltas[rel.id], rows)
+
+        # phase 4: commit the epoch
+        finished = time.time()
+        self.meta.commit_epoch(EpochCommit(
+            epoch=epoch, seconds=finished - started, finished_at=finished, versions=versions,
+            row_count_deltas={rid: c.get("+", 0) - c.get("-", 0) for rid, c in counts.items()},
+            progress=progress, created=created, applied_dml_upto=int(plan["dml_upto"]),
+        ))
+
+        # phase 5: release the epoch's data; housekeeping
+        for df in cached:
+            df.unpersist()
+        self.stager.remove_applied([b.path for b in batches])
+        self.last_rows_read = dict(self.store.rows_read)
+        self.catalog.reload()
+        for p in progress:
+            self._samples[p.mv_id].append(_RateSample(finished, p.rows))
+        self._housekeep(epoch, versions)
+        changes = {self.catalog.get_by_id(rid).name:
+                   c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}
+        return EpochReport(epoch=epoch, seconds=finished - started, changes=changes,
+                           jobs=self.jobs(), rows_read=self.last_rows_read,
+                           backfill_rows={self.catalog.get_by_id(k).name: v
+                                          for k, v in chunk_rows.items()})
+
+    def _housekeep(self, epoch: int, appended: dict[int, int]) -> None:
+        for rel in self.catalog.all():
+            if rel.id in appended and self.store.needs_compaction(rel.stored, epoch):
+                self.store.compact(rel.stored, epoch, rel.row_count)
+        if epoch % 10 == 0:
+            self.vacuum(epoch)
+
+    def retention_horizon(self, epoch: int | None = None) -> int:
+        """The oldest epoch still readable."""
+        epoch = self.meta.committed_epoch if epoch is None else epoch
+        horizon = max(0, epoch - self.retain_epochs)
+        for rel in self.catalog.all():
+            if rel.kind == "mv" and rel.state == "creating":
+                _, pinned = state_from_rows(self.meta.progress(rel.id))
+                if pinned is not None:
+                    horizon = min(horizon, pinned)
+        return horizon
+
+    def vacuum(self, epoch: int) -> None:
+        horizon = self.retention_horizon(epoch)
+        by_id = {r.id: r for r in self.catalog.all()}
+        for rel_id, path in self.meta.removed_files_before(horizon):
+            rel = by_id.get(rel_id)
+            if rel is not None:
+                (self.store.path(rel.stored) / path).unlink(missing_ok=True)
+        with self.meta.transaction() as conn:
+            self.meta.forget_removed_files(conn, horizon)
+            self.meta.prune_versions(conn, horizon)
+            self.meta.put(conn, "retention_horizon", str(horizon))
+        for rel in by_id.values():
+            for sub in ("log", "base"):
+                root = self.store.path(rel.stored) / sub
+                if root.exists():
+                    for d in root.iterdir():
+                        if d.is_dir() and not any(p.suffix == ".parquet" for p in d.iterdir()):
+                            for p in d.iterdir():
+                                p.unlink(missing_ok=True)
+                            d.rmdir()
+
+    # --- progress -------------------------------------------------------------------------
+
+    def job_progress(self, mv: Relation) -> JobProgress:
+        assert mv.options is not None
+        state, _ = state_from_rows(self.meta.progress(mv.id))
+        done = rows_done(state)
+        if mv.state == "created":
+            return JobProgress(mv.name, mv.options.strategy, "created", done, done, 0.0, 0.0)
+        upstream = self.catalog.get(mv.plan.upstream) if mv.plan else None
+        total = max(done, upstream.row_count if upstream else 0)
+        samples = self._samples.get(mv.id)
+        rate = 0.0
+        if samples and len(samples) >= 2 and samples[-1].at > samples[0].at:
+            rate = max(0.0, (samples[-1].rows - samples[0].rows) / (samples[-1].at - samples[0].at))
+        eta = (total - done) / rate if rate > 0 else None
+        job_state = "backfilling" if isinstance(state, InProgress | NotStarted) else "catching_up"
+        return JobProgress(mv.name, mv.options.strategy, job_state, done, total, rate, eta)
+
+    def jobs(self) -> list[JobProgress]:
+        return [self.job_progress(r) for r in self.catalog.all() if r.kind == "mv"]
+
+

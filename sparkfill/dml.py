@@ -1,0 +1,248 @@
+"""DML: validating, staging and applying inserts, upserts and deletes.
+
+Invariants:
+- A DML call either raises (and stages nothing) or returns after its rows are
+  durable: a Parquet file in ``staging/dml`` registered in the meta store.
+- Staged batches apply exactly once, in call order: within an epoch the last
+  change of a key (highest ``(seq, idx)``) wins.
+- A table's Δ for epoch ``e`` is the consolidated difference between its
+  snapshot at ``e-1`` and that snapshot with the staged changes applied.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from .catalog import Relation
+from .changelog import consolidate
+from .errors import DataError, UnknownColumn
+from .meta_store import MetaStore, StagedBatch
+from .relation_store import RelationStore
+from .schema import arrow_type, spark_type
+
+__all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
+
+UPSERT = "U"
+DELETE = "D"
+SEQ = "_sf_seq"
+IDX = "_sf_idx"
+KIND = "_sf_kind"
+
+
+def _stage_struct(rel: Relation) -> T.StructType:
+    fields = [T.StructField(c.name, spark_type(c.type), True) for c in rel.columns]
+    fields += [T.StructField(SEQ, T.LongType(), True), T.StructField(IDX, T.LongType(), True),
+               T.StructField(KIND, T.StringType(), True)]
+    return T.StructType(fields)
+
+
+class DmlStager:
+    def __init__(self, spark: SparkSession, meta: MetaStore, staging_dir: Path) -> None:
+        self.spark = spark
+        self.meta = meta
+        self.dir = staging_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    # --- validation -----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_columns(rel: Relation, given: Sequence[str], kind: str) -> None:
+        known = {c.name.lower(): c.name for c in rel.columns}
+        for name in given:
+            if name.lower() not in known and kind == UPSERT:
+                raise UnknownColumn(
+                    f"table {rel.name!r} has no column {name!r} "
+                    f"(columns: {', '.join(c.name for c in rel.columns)})")
+        lowered = {g.lower() for g in given}
+        missing = [k for k in rel.key if k.lower() not in lowered]
+        if missing:
+            raise DataError(f"rows for table {rel.name!r} lack key column(s) {missing}")
+        if kind == UPSERT:
+            for c in rel.columns:
+                if not c.nullable and c.name.lower() not in lowered:
+                    raise DataError(f"table {rel.name!r}: NOT NULL column {c.name!r} is missing")
+
+    def _arrow_batch(self, rel: Relation, rows: Any, kind: str) -> pa.Table:
+        import pandas as pd
+
+        if isinstance(rows, pd.DataFrame):
+            given = [str(c) for c in rows.columns]
+            self._check_columns(rel, given, kind)
+            lookup = {g.lower(): g for g in given}
+
+            def values(name: str) -> Any:
+                return rows[lookup[name.lower()]] if name.lower() in lookup else None
+            n = len(rows)
+        else:
+            if isinstance(rows, Mapping):
+                rows = [rows]
+            if not isinstance(rows, Sequence) or isinstance(rows, str | bytes):
+                raise DataError(f"rows for table {rel.name!r} must be a list of dicts, a pandas "
+                                f"DataFrame or a Spark DataFrame, got {type(rows).__name__}")
+            given_set: dict[str, str] = {}
+            for i, row in enumerate(rows):
+                if not isinstance(row, Mapping):
+                    raise DataError(f"table {rel.name!r}, row {i}: expected a dict, "
+                                    f"got {type(row).__name__}")
+                for k in row:
+                    given_set.setdefault(str(k).lower(), str(k))
+            self._check_columns(rel, list(given_set.values()), kind)
+            n = len(rows)
+
+            def values(name: str) -> Any:
+                actual = given_set.get(name.lower())
+                return None if actual is None else [r.get(actual) for r in rows]
+
+        columns = rel.columns if kind == UPSERT else [
+            c for c in rel.columns if c.name in rel.key]
+        arrays = []
+        for c in columns:
+            t = arrow_type(c.type)
+            vals = values(c.name)
+            if vals is None:
+                arrays.append(pa.nulls(n, type=t))
+                continue
+            try:
+                arrays.append(pa.array(vals, type=t, from_pandas=True))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                raise self._type_error(rel, c.name, c.type, list(vals), t) from None
+            if not c.nullable and arrays[-1].null_count:
+                idx = pc.index(pc.is_null(arrays[-1]), True).as_py()
+                what = "key" if c.name in rel.key else "NOT NULL"
+                raise DataError(f"table {rel.name!r}, row {idx}: {what} column {c.name!r} is null")
+        table = pa.table(arrays, names=[c.name for c in columns])
+        if kind == DELETE:
+            for c in rel.columns:
+                if c.name not in rel.key:
+                    table = table.append_column(c.name, pa.nulls(n, type=arrow_type(c.type)))
+            table = table.select([c.name for c in rel.columns])
+        return table
+
+    @staticmethod
+    def _type_error(rel: Relation, col: str, type_name: str, vals: list[Any],
+                    t: pa.DataType) -> DataError:
+        for i, v in enumerate(vals):
+            try:
+                pa.array([v], type=t, from_pandas=True)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                return DataError(f"table {rel.name!r}, row {i}, column {col!r}: value {v!r} "
+                                 f"is not a valid {type_name.upper()}")
+        return DataError(f"table {rel.name!r}, column {col!r}: values are not valid "
+                         f"{type_name.upper()}")
+
+    def _spark_batch(self, rel: Relation, df: DataFrame, kind: str) -> DataFrame:
+        given = [c for c in df.columns if c not in (KIND, IDX)]
+        self._check_columns(rel, given, kind)
+        lookup = {g.lower(): g for g in given}
+        exprs = []
+        checks = []
+        for c in rel.columns:
+            target = spark_type(c.type)
+            if c.name.lower() not in lookup or (kind == DELETE and c.name not in rel.key):
+                exprs.append(F.lit(None).cast(target).alias(c.name))
+                continue
+            src = df.schema[lookup[c.name.lower()]]
+            col = F.col(f"`{src.name}`")
+            if src.dataType == target:
+                converted = col
+            else:
+                converted = F.try_cast(col, target) if hasattr(F, "try_cast") else \
+                    F.expr(f"try_cast(`{src.name}` AS {c.type})")
+                checks.append((f"value is not a valid {c.type.upper()}", c.name,
+                               col.isNotNull() & converted.isNull()))
+            if not c.nullable:
+                what = "key column" if c.name in rel.key else "NOT NULL column"
+                checks.append((f"{what} is null", c.name, converted.isNull()))
+            exprs.append(converted.alias(c.name))
+        kind_col = F.col(KIND) if KIND in df.columns else F.lit(kind)
+        idx_col = F.col(IDX) if IDX in df.columns else F.monotonically_increasing_id()
+        out = df.select(*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX))
+        if checks:
+            flags = [F.when(cond, F.lit(f"{name}: {msg}")) for msg, name, cond in checks]
+            probe = df.select(F.coalesce(*flags).alias("_sf_problem"),
+                              *[F.col(f"`{g}`").cast("string").alias(g) for g in given])
+            bad = probe.where(F.col("_sf_problem").isNotNull()).limit(1).collect()
+            if bad:
+                row = bad[0].asDict()
+                problem = row.pop("_sf_problem")
+                raise DataError(f"table {rel.name!r}, column {problem} (row {row})")
+        return out
+
+    # --- staging --------------------------------------------------------------------------
+
+    def stage(self, rel: Relation, rows: Any, kind: str) -> int:
+        """Validate and durably stage rows; returns the number of rows staged."""
+        seq = self.meta.next_dml_seq()
+        name = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
+        if isinstance(rows, DataFrame):
+            batch = self._spark_batch(rel, rows, kind).withColumn(SEQ, F.lit(seq).cast("long"))
+            path = self.dir / name
+            batch.select(*_stage_struct(rel).fieldNames()).write.mode("error").parquet(str(path))
+            count = sum(pq.ParquetFile(p).metadata.num_rows for p in path.glob("part-*.parquet"))
+        else:
+            table = self._arrow_batch(rel, rows, kind)
+            count = table.num_rows
+            if count == 0:
+                return 0
+            table = table.append_column(SEQ, pa.array([seq] * count, pa.int64()))
+            table = table.append_column(IDX, pa.array(range(count), pa.int64()))
+            table = table.append_column(KIND, pa.array([kind] * count, pa.string()))
+            path = self.dir / f"{name}.parquet"
+            tmp = self.dir / f".{name}.tmp"
+            pq.write_table(table, tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        if count == 0:
+            _remove(path)
+            return 0
+        self.meta.stage_dml(StagedBatch(seq, rel.id, str(path), count))
+        return count
+
+    def remove_orphans(self) -> None:
+        """Delete staged files no unapplied batch refers to."""
+        live = {b.path for b in self.meta.staged()}
+        for p in self.dir.iterdir():
+            if str(p) not in live:
+                _remove(p)
+
+    def remove_applied(self, paths: Sequence[str]) -> None:
+        for p in paths:
+            _remove(Path(p))
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
+                batches: Sequence[StagedBatch], prev_epoch: int) -> DataFrame:
+    """The consolidated changelog of ``rel`` for the staged ``batches``."""
+    key = list(rel.key)
+    cols = [c.name for c in rel.columns]
+    staged = spark.read.schema(_stage_struct(rel)).parquet(*[b.path for b in batches])
+    order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
+    latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
+              .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+    old = store.snapshot(rel.stored, prev_epoch).join(
+        F.broadcast(latest.select(*key)), key, "left_semi").select(*cols)
+    new = latest.where(F.col(KIND) == UPSERT).select(*cols)
+    return consolidate(old, new, cols, key)
+
+

@@ -1,0 +1,485 @@
+"""The Engine: sparkfill's public entry point.
+
+Invariants: every public method either completes or raises a
+``SparkfillError`` having changed nothing (errors of Spark, delta-rs, SQLite
+and sqlglot are translated here, at the boundary); reads see committed epochs
+only; opening a warehouse recovers it — cleans what no committed epoch refers
+to and re-runs the epoch that was in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from sqlglot import exp
+
+from .backfill import NotStarted, state_from_rows, state_to_row
+from .catalog import Catalog, Relation
+from .coordinator import EpochCoordinator
+from .dml import DELETE, IDX, KIND, UPSERT, DmlStager
+from .errors import (
+    DataError,
+    DependentObjects,
+    EngineClosed,
+    EpochNotRetained,
+    MaterializedViewNotReady,
+    RelationExists,
+    SparkfillError,
+    SqlError,
+    UnknownColumn,
+    UnknownRelation,
+    UnsupportedQuery,
+)
+from .frontend import (
+    CreateMaterializedView,
+    CreateTable,
+    Delete,
+    Drop,
+    InsertValues,
+    Query,
+    SetOption,
+    Show,
+    Update,
+    parse_statement,
+)
+from .lock import WriterLock
+from .meta_store import MetaStore
+from .options import resolve_options
+from .planner import check_supported, plan_materialized_view
+from .progress import EpochReport
+from .relation_store import RelationStore
+from .session import build_spark_session
+
+__all__ = ["Engine"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _translate(exc: Exception, where: str) -> SparkfillError:
+    """A SparkfillError for an error of Spark or a library."""
+    if isinstance(exc, SparkfillError):
+        return exc
+    text = str(exc)
+    cls = getattr(exc, "getCondition", None)
+    condition = ""
+    if callable(cls):
+        try:
+            condition = cls() or ""
+        except Exception:  # noqa: BLE001 - best effort only
+            condition = ""
+    short = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if condition.startswith("UNRESOLVED_COLUMN") or "UNRESOLVED_COLUMN" in text:
+        m = re.search(r"name `?([^`\s]+)`? cannot be resolved", text)
+        name = m.group(1) if m else "?"
+        return UnknownColumn(f"{where}: unknown column {name}: {short}")
+    if condition.startswith("TABLE_OR_VIEW_NOT_FOUND") or "TABLE_OR_VIEW_NOT_FOUND" in text:
+        return UnknownRelation(f"{where}: {short}")
+    if "PARSE_SYNTAX_ERROR" in text or condition.startswith("PARSE"):
+        return SqlError(f"{where}: {short}")
+    if any(k in text for k in ("CAST_INVALID_INPUT", "ARITHMETIC_OVERFLOW", "DIVIDE_BY_ZERO",
+                               "INCOMPATIBLE_", "DATATYPE_MISMATCH", "CAST_OVERFLOW")):
+        return DataError(f"{where}: {short}")
+    if isinstance(exc, PySparkException):
+        return SqlError(f"{where}: {short}")
+    return SparkfillError(f"{where}: {type(exc).__name__}: {short}")
+
+
+def _boundary(method: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        self = args[0]
+        if getattr(self, "_closed", False):
+            raise EngineClosed("the engine is closed")
+        try:
+            return method(*args, **kwargs)
+        except SparkfillError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the boundary translates every error
+            raise _translate(exc, f"Engine.{method.__name__}") from exc
+    return wrapper
+
+
+class Engine:
+    """An incremental materialized-view engine over one warehouse folder."""
+
+    def __init__(self, warehouse: str | Path, spark: SparkSession | None = None,
+                 *, retain_epochs: int = 200) -> None:
+        self._closed = True
+        self.path = Path(warehouse).resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = WriterLock(self.path / "writer.lock")
+        self._lock.acquire()
+        try:
+            self._own_spark = spark is None
+            self.spark = spark if spark is not None else build_spark_session()
+            self.meta = MetaStore(self.path / "meta.sqlite")
+            self.store = RelationStore(self.spark, self.path / "relations", self.meta)
+            self.catalog = Catalog(self.meta)
+            self.stager = DmlStager(self.spark, self.meta, self.path / "staging" / "dml")
+            self.coordinator = EpochCoordinator(self.spark, self.meta, self.store, self.catalog,
+                                                self.stager, retain_epochs)
+            self._session_options: dict[str, Any] = {}
+            self._closed = False
+            self._recover()
+        except BaseException as exc:
+            self._closed = True
+            self._lock.release()
+            if isinstance(exc, SparkfillError) or not isinstance(exc, Exception):
+                raise
+            raise _translate(exc, "Engine.open") from exc
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Clean what no committed epoch refers to; restart what lost its memory;
+        re-run the epoch that was in flight."""
+        for rel_id, dir_ in self.meta.pending_dirs():
+            rel = next((r for r in self.catalog.all() if r.id == rel_id), None)
+            if rel is None:
+                shutil.rmtree(dir_, ignore_errors=True)
+            else:
+                self.store.remove_unreferenced_dir(rel.stored, dir_)
+            self.meta.remove_pending_dir(dir_)
+        self.stager.remove_orphans()
+        for rel in self.catalog.all():
+            if rel.kind == "mv" and rel.state == "creating" and rel.options \
+                    and rel.options.strategy == "buffer":
+                state, _ = state_from_rows(self.meta.progress(rel.id))
+                if not isinstance(state, NotStarted):
+                    self._restart_job(rel)
+        self.catalog.reload()
+        self.coordinator.recover()
+
+    def _restart_job(self, rel: Relation) -> None:
+        """Start a creating job over on a fresh, empty relation (its in-memory
+        state was lost)."""
+        old_dir = rel.dir
+        new_dir = f"{rel.id:06d}-{rel.name}-{uuid.uuid4().hex[:6]}"
+        version = self.store.create(new_dir, rel.columns)
+        epoch = self.meta.committed_epoch
+        with self.meta.transaction() as conn:
+            self.meta.reset_relation(conn, rel.id, new_dir, rel.created_epoch, version)
+            self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None))
+        self.store.delete(old_dir)
+        _ = epoch
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.meta.close()
+        finally:
+            self._lock.release()
+            if self._own_spark:
+                self.spark.stop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def committed_epoch(self) -> int:
+        return self.meta.committed_epoch
+
+    # --- epochs ---------------------------------------------------------------------------
+
+    @_boundary
+    def step(self) -> EpochReport:
+        """Run and commit one epoch."""
+        return self.coordinator.step()
+
+    # --- DML ------------------------------------------------------------------------------
+
+    def _table(self, name: str) -> Relation:
+        rel = self.catalog.get(name)
+        if rel.kind != "table":
+            raise SqlError(f"{name!r} is a materialized view; only tables take DML")
+        return rel
+
+    @_boundary
+    def insert(self, table: str, rows: Any) -> int:
+        """Stage rows as upserts into ``table``; durable when this returns."""
+        return self.stager.stage(self._table(table), rows, UPSERT)
+
+    @_boundary
+    def delete(self, table: str, keys: Any) -> int:
+        """Stage deletes of the keys in ``keys``; a missing key is a no-op."""
+        return self.stager.stage(self._table(table), keys, DELETE)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _epoch_for_read(self, rel: Relation, as_of: int | None) -> int:
+        committed = self.meta.committed_epoch
+        epoch = committed if as_of is None else int(as_of)
+        if epoch > committed or epoch < 0:
+            raise EpochNotRetained(f"epoch {epoch} is not committed (committed epoch: "
+                                   f"{committed})")
+        horizon = int(self.meta.get("retention_horizon", "0") or 0)
+        if epoch < horizon:
+            raise EpochNotRetained(f"epoch {epoch} is no longer retained (oldest retained: "
+                                   f"{horizon})")
+        if epoch < rel.created_epoch:
+            raise EpochNotRetained(f"{rel.name!r} did not exist at epoch {epoch} (created at "
+                                   f"epoch {rel.created_epoch})")
+        if rel.kind == "mv":
+            if rel.state != "created":
+                p = self.coordinator.job_progress(rel)
+                raise MaterializedViewNotReady(
+                    f"materialized view {rel.name!r} is still being created: {p.state}, "
+                    f"{p.rows_done}/{p.rows_total_estimate} rows")
+            if rel.ready_epoch is not None and epoch < rel.ready_epoch:
+                raise MaterializedViewNotReady(
+                    f"materialized view {rel.name!r} became readable at epoch "
+                    f"{rel.ready_epoch}, after epoch {epoch}")
+        return epoch
+
+    def _snapshot(self, rel: Relation, epoch: int) -> DataFrame:
+        return self.store.snapshot(rel.stored, epoch).select(
+            *[c.name for c in rel.visible_columns])
+
+    @_boundary
+    def read(self, name: str, as_of: int | None = None) -> DataFrame:
+        """The relation at the committed epoch (or ``as_of``, while retained)."""
+        rel = self.catalog.get(name)
+        return self._snapshot(rel, self._epoch_for_read(rel, as_of))
+
+    # --- progress -------------------------------------------------------------------------
+
+    @_boundary
+    def progress(self, name: str | None = None) -> Any:
+        """``JobProgress`` of one MV, or the list of every MV's."""
+        if name is None:
+            return self.coordinator.jobs()
+        rel = self.catalog.get(name)
+        if rel.kind != "mv":
+            raise SqlError(f"{name!r} is a table; progress is kept for materialized views")
+        return self.coordinator.job_progress(rel)
+
+    # --- SQL ------------------------------------------------------------------------------
+
+    @_boundary
+    def sql(self, statement: str) -> DataFrame | None:
+        """Run one statement; queries return a DataFrame, other statements None
+        (SHOW returns a DataFrame)."""
+        cmd = parse_statement(statement)
+        handler = {
+            CreateTable: self._create_table,
+            CreateMaterializedView: self._create_mv,
+            Drop: self._drop,
+            SetOption: self._set,
+            Show: self._show,
+            InsertValues: self._insert_values,
+            Update: self._update,
+            Delete: self._delete_where,
+            Query: self._query,
+        }[type(cmd)]
+        return handler(cmd)  # type: ignore[operator]
+
+    def _new_relation(self, rel: Relation) -> None:
+        version = self.store.create(rel.dir, rel.columns)
+        try:
+            with self.meta.transaction() as conn:
+                self.meta.add_relation(conn, rel.to_row(), version)
+                if rel.kind == "mv":
+                    self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None))
+        except BaseException:
+            self.store.delete(rel.dir)
+            raise
+        self.catalog.reload()
+
+    def _check_new_name(self, name: str) -> bool:
+        if self.catalog.find(name) is not None:
+            return False
+        return True
+
+    def _create_table(self, cmd: CreateTable) -> None:
+        if not self._check_new_name(cmd.name):
+            if cmd.if_not_exists:
+                return None
+            raise RelationExists(f"a relation named {cmd.name!r} already exists")
+        rel_id = self.meta.next_relation_id()
+        self._new_relation(Relation(
+            id=rel_id, name=cmd.name, kind="table", columns=tuple(cmd.columns),
+            key=tuple(cmd.key), state="created", created_epoch=self.meta.committed_epoch,
+            dir=f"{rel_id:06d}-{cmd.name}", ready_epoch=self.meta.committed_epoch))
+        return None
+
+    def _create_mv(self, cmd: CreateMaterializedView) -> None:
+        if not self._check_new_name(cmd.name):
+            if cmd.if_not_exists:
+                return None
+            raise RelationExists(f"a relation named {cmd.name!r} already exists")
+        select = check_supported(cmd.query)
+        from_ = select.args.get("from_") or select.args.get("from")
+        upstream = self.catalog.get(from_.this.name)
+        if upstream.kind == "mv" and upstream.state != "created":
+            raise UnsupportedQuery(
+                f"materialized view {upstream.name!r} is still being created; create "
+                f"{cmd.name!r} over it once progress({upstream.name!r}).state is 'created'")
+        options = resolve_options(self._session_options, cmd.options)
+        plan, columns, key = plan_materialized_view(
+            self.spark, select, upstream.name, upstream.columns, upstream.key)
+        rel_id = self.meta.next_relation_id()
+        self._new_relation(Relation(
+            id=rel_id, name=cmd.name, kind="mv", columns=tuple(columns), key=tuple(key),
+            state="creating", created_epoch=self.meta.committed_epoch,
+            dir=f"{rel_id:06d}-{cmd.name}", sql=cmd.query_sql, plan=plan, options=options))
+        return None
+
+    def _drop(self, cmd: Drop) -> None:
+        rel = self.catalog.find(cmd.name)
+        if rel is None:
+            if cmd.if_exists:
+                return None
+            raise UnknownRelation(f"no {'table' if cmd.kind == 'table' else 'materialized view'}"
+                                  f" named {cmd.name!r}")
+        if (cmd.kind == "table") != (rel.kind == "table"):
+            actual = "a table" if rel.kind == "table" else "a materialized view"
+            raise SqlError(f"{cmd.name!r} is {actual}; use DROP "
+                           f"{'TABLE' if rel.kind == 'table' else 'MATERIALIZED VIEW'}")
+        dependents = self.catalog.dependents(rel.name)
+        if dependents:
+            raise DependentObjects(
+                f"cannot drop {rel.name!r}: materialized view(s) "
+                f"{', '.join(d.name for d in dependents)} read it; drop them first")
+        staged = [b.path for b in self.meta.staged() if b.rel_id == rel.id]
+        with self.meta.transaction() as conn:
+            self.meta.drop_relation(conn, rel.id)
+        self.store.delete(rel.dir)
+        self.stager.remove_applied(staged)
+        self.coordinator.scan.buffers.pop(rel.id, None)
+        self.catalog.reload()
+        return None
+
+    def _set(self, cmd: SetOption) -> None:
+        if cmd.value is None:
+            self._session_options.pop(cmd.name, None)
+        else:
+            self._session_options[cmd.name] = cmd.value
+        return None
+
+    def _show(self, cmd: Show) -> DataFrame:
+        rels = self.catalog.all()
+        if cmd.what == "tables":
+            schema = T.StructType([T.StructField("name", T.StringType()),
+                                   T.StructField("columns", T.StringType()),
+                                   T.StructField("primary_key", T.StringType()),
+                                   T.StructField("rows", T.LongType())])
+            data = [(r.name, ", ".join(f"{c.name} {c.type.upper()}" for c in r.columns),
+                     ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
+            return self.spark.createDataFrame(data, schema)
+        if cmd.what == "materialized views":
+            schema = T.StructType([T.StructField("name", T.StringType()),
+                                   T.StructField("state", T.StringType()),
+                                   T.StructField("strategy", T.StringType()),
+                                   T.StructField("rows", T.LongType()),
+                                   T.StructField("definition", T.StringType())])
+            data = [(r.name, r.state, r.options.strategy if r.options else None, r.row_count,
+                     r.sql) for r in rels if r.kind == "mv"]
+            return self.spark.createDataFrame(data, schema)
+        schema = T.StructType([T.StructField("name", T.StringType()),
+                               T.StructField("strategy", T.StringType()),
+                               T.StructField("state", T.StringType()),
+                               T.StructField("rows_done", T.LongType()),
+                               T.StructField("rows_total_estimate", T.LongType()),
+                               T.StructField("rows_per_second", T.DoubleType()),
+                               T.StructField("eta_seconds", T.DoubleType())])
+        jobs = self.coordinator.jobs()
+        return self.spark.createDataFrame(
+            [(j.name, j.strategy, j.state, j.rows_done, j.rows_total_estimate,
+              float(j.rows_per_second), None if j.eta_seconds is None else float(j.eta_seconds))
+             for j in jobs], schema)
+
+    def _insert_values(self, cmd: InsertValues) -> None:
+        rel = self._table(cmd.table)
+        names = cmd.columns or [c.name for c in rel.columns]
+        aliases = ", ".join(f"`c{i}`" for i in range(len(names)))
+        try:
+            df = self.spark.sql(f"SELECT * FROM {cmd.values_sql} AS v({aliases})")
+        except PySparkException as exc:
+            text = str(exc).strip().splitlines()[0]
+            raise DataError(f"INSERT INTO {rel.name}: bad VALUES: {text}") from exc
+        if len(df.columns) != len(names):
+            raise SqlError(f"INSERT INTO {rel.name}: {len(names)} columns but "
+                           f"{len(df.columns)} values per row")
+        rows = [dict(zip(names, r, strict=True)) for r in df.collect()]
+        self.stager.stage(rel, rows, UPSERT)
+        return None
+
+    def _matching(self, rel: Relation, where_sql: str | None) -> DataFrame:
+        snap = self._snapshot(rel, self.meta.committed_epoch)
+        return snap if where_sql is None else snap.where(F.expr(where_sql))
+
+    def _update(self, cmd: Update) -> None:
+        rel = self._table(cmd.table)
+        by_lower = {c.name.lower(): c.name for c in rel.columns}
+        assign: dict[str, str] = {}
+        for col, expr_sql in cmd.assignments:
+            if col.lower() not in by_lower:
+                raise UnknownColumn(f"UPDATE {rel.name}: table has no column {col!r}")
+            assign[by_lower[col.lower()]] = expr_sql
+        matched = self._matching(rel, cmd.where_sql)
+        new_rows = matched.select(*[F.expr(assign[c.name]).alias(c.name) if c.name in assign
+                                    else F.col(c.name) for c in rel.columns])
+        batch = new_rows.withColumn(KIND, F.lit(UPSERT)).withColumn(IDX, F.lit(1))
+        if any(k in assign for k in rel.key):
+            old_keys = matched.select(*rel.key)
+            for c in rel.columns:
+                if c.name not in rel.key:
+                    old_keys = old_keys.withColumn(c.name, F.lit(None))
+            old_keys = old_keys.select(*[c.name for c in rel.columns])
+            deletes = old_keys.withColumn(KIND, F.lit(DELETE)).withColumn(IDX, F.lit(0))
+            batch = deletes.unionByName(batch, allowMissingColumns=True)
+        self.stager.stage(rel, batch, UPSERT)
+        return None
+
+    def _delete_where(self, cmd: Delete) -> None:
+        rel = self._table(cmd.table)
+        self.stager.stage(rel, self._matching(rel, cmd.where_sql).select(*rel.key), DELETE)
+        return None
+
+    def _query(self, cmd: Query) -> DataFrame:
+        epoch = self.meta.committed_epoch
+        tree = cmd.tree.copy()
+        views: dict[str, str] = {}
+        for name in cmd.tables:
+            rel = self.catalog.get(name)
+            view = f"__sf_{rel.name}_{uuid.uuid4().hex[:8]}"
+            self._snapshot(rel, self._epoch_for_read(rel, epoch)).createOrReplaceTempView(view)
+            views[name.lower()] = view
+
+        def rename(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.Table) and node.name.lower() in views:
+                alias = node.alias or node.name
+                return exp.Table(this=exp.to_identifier(views[node.name.lower()]),
+                                 alias=exp.TableAlias(this=exp.to_identifier(alias)))
+            return node
+
+        try:
+            return self.spark.sql(tree.transform(rename).sql(dialect="spark"))
+        finally:
+            for view in views.values():
+                self.spark.catalog.dropTempView(view)
+
+    # --- introspection --------------------------------------------------------------------
+
+    @_boundary
+    def relation(self, name: str) -> Relation:
+        """The catalog entry of a relation (columns, key, state, plan)."""
+        return self.catalog.get(name)
+
+

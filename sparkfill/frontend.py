@@ -1,0 +1,318 @@
+"""Parsing statements into commands.
+
+Invariant: parsing has no side effects; every statement is either turned into
+one command object or refused with ``SqlError`` / ``UnsupportedQuery`` before
+anything is executed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from .errors import SqlError, UnsupportedQuery
+from .options import validate_option
+from .schema import Column, normalize_type_name
+
+__all__ = [
+    "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
+    "InsertValues", "Update", "Delete", "Query", "parse_statement",
+]
+
+
+class Command:
+    """A parsed statement."""
+
+
+@dataclass
+class CreateTable(Command):
+    name: str
+    columns: list[Column]
+    key: list[str]
+    if_not_exists: bool = False
+
+
+@dataclass
+class CreateMaterializedView(Command):
+    name: str
+    options: dict[str, Any]
+    query_sql: str
+    query: exp.Expression
+    if_not_exists: bool = False
+
+
+@dataclass
+class Drop(Command):
+    kind: str  # "table" | "mv"
+    name: str
+    if_exists: bool = False
+
+
+@dataclass
+class SetOption(Command):
+    name: str
+    value: Any  # None: DEFAULT
+
+
+@dataclass
+class Show(Command):
+    what: str  # "tables" | "materialized views" | "jobs"
+
+
+@dataclass
+class InsertValues(Command):
+    table: str
+    columns: list[str] | None
+    values_sql: str
+
+
+@dataclass
+class Update(Command):
+    table: str
+    assignments: list[tuple[str, str]]
+    where_sql: str | None
+
+
+@dataclass
+class Delete(Command):
+    table: str
+    where_sql: str | None
+
+
+@dataclass
+class Query(Command):
+    tree: exp.Expression
+    tables: list[str] = field(default_factory=list)
+
+
+_CREATE_MV = re.compile(
+    r"^\s*CREATE\s+MATERIALIZED\s+VIEW\s+(?P<ine>IF\s+NOT\s+EXISTS\s+)?"
+    r"(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*(?P<rest>.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_SET = re.compile(r"^\s*SET\s+(?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*(=|TO)\s*(?P<value>.+?)\s*;?\s*$",
+                  re.IGNORECASE | re.DOTALL)
+_SHOW = re.compile(r"^\s*SHOW\s+(?P<what>TABLES|MATERIALIZED\s+VIEWS|JOBS)\s*;?\s*$",
+                   re.IGNORECASE)
+
+
+def _literal(text: str) -> Any:
+    """The value of an option literal: a quoted string, a number, a word, or DEFAULT."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if text.upper() == "DEFAULT":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _split_options(body: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    parts: list[str] = []
+    depth, quote, start = 0, "", 0
+    for i, ch in enumerate(body):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    parts.append(body[start:])
+    for part in parts:
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise SqlError(f"bad option {part.strip()!r}: expected name = value")
+        name, value = part.split("=", 1)
+        key = name.strip().lower()
+        options[key] = validate_option(key, _literal(value))
+    return options
+
+
+def _matching_paren(text: str, open_at: int) -> int:
+    depth, quote = 0, ""
+    for i in range(open_at, len(text)):
+        ch = text[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise SqlError("unbalanced parentheses in WITH (...)")
+
+
+def _parse_create_mv(m: re.Match[str]) -> CreateMaterializedView:
+    name = m.group("name").strip("`")
+    rest = m.group("rest")
+    options: dict[str, Any] = {}
+    with_m = re.match(r"WITH\s*\(", rest, re.IGNORECASE)
+    if with_m:
+        close = _matching_paren(rest, with_m.end() - 1)
+        options = _split_options(rest[with_m.end():close])
+        rest = rest[close + 1:]
+    as_m = re.match(r"\s*AS\s+(?P<query>.+)$", rest, re.IGNORECASE | re.DOTALL)
+    if not as_m:
+        raise SqlError("expected CREATE MATERIALIZED VIEW name [WITH (option = value, ...)] "
+                       "AS SELECT ...")
+    query_sql = as_m.group("query").strip().rstrip(";")
+    try:
+        query = sqlglot.parse_one(query_sql, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        raise SqlError(f"cannot parse the query of materialized view {name!r}: {exc}") from exc
+    return CreateMaterializedView(name, options, query_sql, query, bool(m.group("ine")))
+
+
+def _parse_create_table(tree: exp.Create) -> CreateTable:
+    schema = tree.this
+    if not isinstance(schema, exp.Schema):
+        raise SqlError("CREATE TABLE needs a column list: CREATE TABLE t (col TYPE, ..., "
+                       "PRIMARY KEY (cols))")
+    if tree.args.get("expression") is not None:
+        raise UnsupportedQuery("CREATE TABLE ... AS SELECT is not supported; "
+                               "use CREATE MATERIALIZED VIEW")
+    name = schema.this.name
+    columns: list[Column] = []
+    key: list[str] = []
+    for item in schema.expressions:
+        if isinstance(item, exp.ColumnDef):
+            col_name = item.name
+            kind = item.args.get("kind")
+            if kind is None:
+                raise SqlError(f"column {col_name!r} of table {name!r} has no type")
+            type_name = normalize_type_name(kind.sql(dialect="spark"))
+            not_null = False
+            for constraint in item.args.get("constraints") or []:
+                ckind = constraint.args.get("kind")
+                if isinstance(ckind, exp.NotNullColumnConstraint):
+                    not_null = not ckind.args.get("allow_null")
+                elif isinstance(ckind, exp.PrimaryKeyColumnConstraint):
+                    key.append(col_name)
+                    not_null = True
+            columns.append(Column(col_name, type_name, not not_null))
+        elif isinstance(item, exp.PrimaryKey):
+            key.extend(e.name for e in item.expressions)
+        else:
+            raise UnsupportedQuery(f"table element {item.sql(dialect='spark')!r} is not supported")
+    if not columns:
+        raise SqlError(f"table {name!r} has no columns")
+    names = [c.name.lower() for c in columns]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise SqlError(f"table {name!r} has duplicate column(s) {sorted(dup)}")
+    if not key:
+        raise SqlError(f"table {name!r} needs a PRIMARY KEY (every relation has a key)")
+    by_lower = {c.name.lower(): c.name for c in columns}
+    resolved = []
+    for k in key:
+        if k.lower() not in by_lower:
+            raise SqlError(f"PRIMARY KEY column {k!r} is not a column of table {name!r}")
+        resolved.append(by_lower[k.lower()])
+    key_set = set(resolved)
+    columns = [Column(c.name, c.type, c.nullable and c.name not in key_set) for c in columns]
+    for c in columns:
+        if c.name.startswith("_sf_") or c.name in ("_vnode", "_epoch", "_op"):
+            raise SqlError(f"column name {c.name!r} is reserved")
+    return CreateTable(name, columns, resolved, bool(tree.args.get("exists")))
+
+
+def _tables_of(tree: exp.Expression) -> list[str]:
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    names = []
+    for t in tree.find_all(exp.Table):
+        if t.name and t.name.lower() not in ctes and t.name not in names:
+            names.append(t.name)
+    return names
+
+
+def parse_statement(sql: str) -> Command:
+    if not isinstance(sql, str) or not sql.strip():
+        raise SqlError("empty statement")
+    m = _CREATE_MV.match(sql)
+    if m:
+        return _parse_create_mv(m)
+    m = _SHOW.match(sql)
+    if m:
+        return Show(" ".join(m.group("what").lower().split()))
+    m = _SET.match(sql)
+    if m:
+        name = m.group("name").lower()
+        return SetOption(name, validate_option(name, _literal(m.group("value"))))
+    try:
+        trees = sqlglot.parse(sql, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        raise SqlError(f"cannot parse statement: {exc}") from exc
+    trees = [t for t in trees if t is not None]
+    if len(trees) != 1:
+        raise SqlError("give one statement at a time")
+    tree = trees[0]
+    if isinstance(tree, exp.Create):
+        kind = str(tree.args.get("kind") or "").upper()
+        if kind == "TABLE":
+            return _parse_create_table(tree)
+        raise UnsupportedQuery(f"CREATE {kind} is not supported; use CREATE TABLE or "
+                               "CREATE MATERIALIZED VIEW")
+    if isinstance(tree, exp.Drop):
+        kind = str(tree.args.get("kind") or "").upper()
+        tables = tree.args.get("tables") or [tree.this]
+        if len(tables) != 1:
+            raise SqlError("DROP one relation at a time")
+        name = tables[0].name
+        if kind == "TABLE":
+            return Drop("table", name, bool(tree.args.get("exists")))
+        if kind == "VIEW" and tree.args.get("materialized"):
+            return Drop("mv", name, bool(tree.args.get("exists")))
+        raise UnsupportedQuery(f"DROP {kind} is not supported; use DROP TABLE or "
+                               "DROP MATERIALIZED VIEW")
+    if isinstance(tree, exp.Insert):
+        target = tree.this
+        columns = None
+        if isinstance(target, exp.Schema):
+            columns = [e.name for e in target.expressions]
+            target = target.this
+        values = tree.args.get("expression")
+        if not isinstance(values, exp.Values):
+            raise UnsupportedQuery("only INSERT INTO t [(cols)] VALUES (...) is supported; "
+                                   "use Engine.insert(table, dataframe) for query results")
+        return InsertValues(target.name, columns, values.sql(dialect="spark"))
+    if isinstance(tree, exp.Update):
+        if tree.args.get("from") or tree.args.get("from_"):
+            raise UnsupportedQuery("UPDATE ... FROM is not supported")
+        assignments = []
+        for eq in tree.expressions:
+            if not isinstance(eq, exp.EQ) or not isinstance(eq.this, exp.Column):
+                raise SqlError(f"bad SET item {eq.sql(dialect='spark')!r}")
+            assignments.append((eq.this.name, eq.expression.sql(dialect="spark")))
+        where = tree.args.get("where")
+        return Update(tree.this.name, assignments,
+                      None if where is None else where.this.sql(dialect="spark"))
+    if isinstance(tree, exp.Delete):
+        where = tree.args.get("where")
+        return Delete(tree.this.name, None if where is None else where.this.sql(dialect="spark"))
+    if isinstance(tree, exp.Query):
+        return Query(tree, _tables_of(tree))
+    if isinstance(tree, exp.Command):
+        raise UnsupportedQuery(f"statement {sql.strip().split()[0].upper()} ... is not supported")
+    raise UnsupportedQuery(f"statement {type(tree).__name__.upper()} is not supported")

@@ -1,0 +1,92 @@
+"""Positions in a relation's key order ``(_vnode, pk...)`` and the range filters
+built from them.
+
+Invariant: ``le(pos)`` and ``gt(pos)`` partition every relation's rows exactly;
+a position read back from JSON selects the same rows as the one written.
+``Position(v, None)`` is the end of vnode ``v`` (every key of vnodes <= v).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import functions as F
+
+from .schema import (
+    VNODE,
+    VNODE_COUNT,
+    Column,
+    comparable_key_expr,
+    decode_key_value,
+    encode_key_value,
+)
+
+__all__ = ["Position", "END", "le", "gt", "between", "position_struct", "LAST_VNODE"]
+
+LAST_VNODE = VNODE_COUNT - 1
+
+
+@dataclass(frozen=True)
+class Position:
+    """An exclusive-upper-end-of-done position in ``(_vnode, pk...)`` order."""
+
+    vnode: int
+    key: tuple[Any, ...] | None  # None: the end of the vnode
+
+    @property
+    def is_end(self) -> bool:
+        return self.vnode >= LAST_VNODE and self.key is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"vnode": self.vnode,
+                "key": None if self.key is None else [encode_key_value(v) for v in self.key]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Position:
+        key = d.get("key")
+        return Position(int(d["vnode"]),
+                        None if key is None else tuple(decode_key_value(v) for v in key))
+
+
+END = Position(LAST_VNODE, None)
+
+
+def _key_exprs(key_columns: Sequence[Column]) -> list[SparkColumn]:
+    return [comparable_key_expr(c.name, c.type) for c in key_columns]
+
+
+def position_struct(key_columns: Sequence[Column]) -> SparkColumn:
+    """A struct ordered like the key order, for ``max`` over a chunk."""
+    exprs = [F.col(VNODE).alias("v")] + [
+        e.alias(f"k{i}") for i, e in enumerate(_key_exprs(key_columns))
+    ]
+    return F.struct(*exprs)
+
+
+def le(pos: Position | None, key_columns: Sequence[Column]) -> SparkColumn:
+    """Rows at or below ``pos`` in key order (nothing when ``pos`` is None)."""
+    if pos is None:
+        return F.lit(False)
+    if pos.key is None:
+        return F.col(VNODE) <= F.lit(pos.vnode)
+    exprs = _key_exprs(key_columns)
+    # lexicographic (k1, ..., kn) <= (p1, ..., pn), built from the last column outwards
+    cond: SparkColumn = exprs[-1] <= F.lit(pos.key[-1])
+    for e, p in zip(reversed(exprs[:-1]), reversed(pos.key[:-1]), strict=True):
+        cond = (e < F.lit(p)) | ((e == F.lit(p)) & cond)
+    return (F.col(VNODE) < F.lit(pos.vnode)) | ((F.col(VNODE) == F.lit(pos.vnode)) & cond)
+
+
+def gt(pos: Position | None, key_columns: Sequence[Column]) -> SparkColumn:
+    """Rows strictly above ``pos`` (everything when ``pos`` is None)."""
+    if pos is None:
+        return F.lit(True)
+    return ~le(pos, key_columns)
+
+
+def between(lo: Position | None, hi: Position | None, key_columns: Sequence[Column]) -> SparkColumn:
+    """Rows in ``(lo, hi]``."""
+    return gt(lo, key_columns) & le(hi, key_columns)

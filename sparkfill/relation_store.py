@@ -1,0 +1,346 @@
+"""The relation store: every relation is a Delta table of log and base files.
+
+Invariants:
+- *log* files (``log/e<epoch>-*``) hold one epoch's consolidated changelog;
+  *base* files (``base/c<epoch>-*``) hold the live rows as of compaction epoch
+  ``c``; both are sorted by ``(_vnode, pk)`` and carry min/max statistics on
+  ``_vnode``, ``_epoch`` and the first key column, so range reads prune files.
+- ``snapshot(e)`` = base@c merged with log rows in ``(c, e]``: the latest change
+  per key wins, deletes drop the key. It reads the Delta version the meta store
+  recorded for ``e``, never anything above the committed epoch.
+- ``append(e, Δ)`` is idempotent: the commit records ``e`` as a Delta application
+  transaction, and a retried append of ``e`` is skipped.
+- Compaction swaps all files for new base files in one Delta commit.
+- Every file written is registered as pending before Spark writes it, so a crash
+  leaves nothing that recovery cannot find and remove.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+import uuid
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from .keyrange import Position, gt
+from .meta_store import MetaStore
+from .schema import (
+    EPOCH,
+    OP,
+    VNODE,
+    Column,
+    physical_arrow_schema,
+    physical_struct,
+)
+
+__all__ = ["RelationStore", "StoredRelation", "DataFile", "APP_ID", "LIVE_OPS", "BEFORE_OPS"]
+
+APP_ID = "sparkfill"
+LIVE_OPS = ("+", "U+")
+BEFORE_OPS = ("-", "U-")
+
+
+@dataclass(frozen=True)
+class StoredRelation:
+    """What the store needs to know of a relation."""
+
+    id: int
+    name: str
+    dir: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+
+    @property
+    def key_columns(self) -> list[Column]:
+        by_name = {c.name: c for c in self.columns}
+        return [by_name[k] for k in self.key]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: str  # relative to the table directory
+    uri: str
+    rows: int
+    kind: str  # "base" | "log"
+    vnode_min: int
+    vnode_max: int
+    epoch_min: int
+    epoch_max: int
+
+
+class RelationStore:
+    def __init__(
+        self,
+        spark: SparkSession,
+        root: Path,
+        meta: MetaStore,
+        target_file_rows: int = 200_000,
+        max_log_files: int = 16,
+        log_fraction: float = 0.5,
+        min_compact_rows: int = 50_000,
+    ) -> None:
+        self.spark = spark
+        self.root = root
+        self.meta = meta
+        self.target_file_rows = target_file_rows
+        self.max_log_files = max_log_files
+        self.log_fraction = log_fraction
+        self.min_compact_rows = min_compact_rows
+        self._files_cache: OrderedDict[tuple[str, int], list[DataFile]] = OrderedDict()
+        #: rows in the files each read selected, per relation, since the last reset
+        self.rows_read: dict[str, int] = defaultdict(int)
+
+    # --- tables ---------------------------------------------------------------------------
+
+    def path(self, rel: StoredRelation) -> Path:
+        return self.root / rel.dir
+
+    def create(self, dir_: str, columns: Sequence[Column]) -> int:
+        path = self.root / dir_
+        if path.exists():
+            shutil.rmtree(path)
+        DeltaTable.create(str(path), physical_arrow_schema(columns), mode="error")
+        return 0
+
+    def delete(self, dir_: str) -> None:
+        shutil.rmtree(self.root / dir_, ignore_errors=True)
+
+    def latest_version(self, rel: StoredRelation) -> int:
+        return int(DeltaTable(str(self.path(rel))).version())
+
+    def files(self, rel: StoredRelation, version: int) -> list[DataFile]:
+        cache_key = (rel.dir, version)
+        cached = self._files_cache.get(cache_key)
+        if cached is not None:
+            self._files_cache.move_to_end(cache_key)
+            return cached
+        table_path = self.path(rel)
+        dt = DeltaTable(str(table_path), version=version)
+        actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+        files = [
+            DataFile(
+                path=a["path"],
+                uri=str(table_path / a["path"]),
+                rows=int(a["num_records"] or 0),
+                kind="base" if a["path"].startswith("base/") else "log",
+                vnode_min=int(_stat(a, "min", VNODE, 0)),
+                vnode_max=int(_stat(a, "max", VNODE, 255)),
+                epoch_min=int(_stat(a, "min", EPOCH, 0)),
+                epoch_max=int(_stat(a, "max", EPOCH, 2**62)),
+            )
+            for a in actions
+        ]
+        files.sort(key=lambda f: (f.kind, f.vnode_min, f.path))
+        self._files_cache[cache_key] = files
+        while len(self._files_cache) > 256:
+            self._files_cache.popitem(last=False)
+        return files
+
+    def files_at(self, rel: StoredRelation, epoch: int) -> list[DataFile]:
+        version = self.meta.version_at(rel.id, epoch)
+        if version is None:
+            return []
+        return self.files(rel, version)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _read(self, rel: StoredRelation, files: Sequence[DataFile]) -> DataFrame:
+        schema = physical_struct(rel.columns)
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        self.rows_read[rel.name] += sum(f.rows for f in files)
+        return self.spark.read.schema(schema).parquet(*[f.uri for f in files])
+
+    def snapshot(
+        self,
+        rel: StoredRelation,
+        epoch: int,
+        after: Position | None = None,
+        vnode_hi: int | None = None,
+    ) -> DataFrame:
+        """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
+        ``after`` and vnodes ``<= vnode_hi``."""
+        files = self.files_at(rel, epoch)
+        lo_v = after.vnode if after is not None else 0
+        hi_v = vnode_hi if vnode_hi is not None else 255
+        selected = [f for f in files if f.vnode_max >= lo_v and f.vnode_min <= hi_v]
+        cond = gt(after, rel.key_columns)
+        if vnode_hi is not None:
+            cond = cond & (F.col(VNODE) <= F.lit(vnode_hi))
+        out_cols = [*rel.column_names, VNODE]
+        base = [f for f in selected if f.kind == "base"]
+        log = [f for f in selected if f.kind == "log"]
+        base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
+        base_df = self._read(rel, base).where(cond).select(*out_cols)
+        if not log:
+            return base_df
+        log_df = self._read(rel, log).where(
+            cond & (F.col(EPOCH) > F.lit(base_epoch)) & (F.col(EPOCH) <= F.lit(epoch)))
+        latest = latest_per_key(log_df, list(rel.key))
+        if not base:
+            return latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols)
+        unchanged = base_df.join(F.broadcast(latest.select(*rel.key)), list(rel.key), "left_anti")
+        return unchanged.unionByName(latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols))
+
+    def changelog(self, rel: StoredRelation, after_epoch: int, upto_epoch: int) -> DataFrame:
+        """Log rows with ``after_epoch < _epoch <= upto_epoch`` (the log store)."""
+        files = [f for f in self.files_at(rel, upto_epoch)
+                 if f.kind == "log" and f.epoch_max > after_epoch and f.epoch_min <= upto_epoch]
+        return self._read(rel, files).where(
+            (F.col(EPOCH) > F.lit(after_epoch)) & (F.col(EPOCH) <= F.lit(upto_epoch)))
+
+    def estimate_rows_by_vnode(self, rel: StoredRelation, epoch: int) -> list[float]:
+        """Rows per vnode estimated from file statistics (uniform within a file)."""
+        est = [0.0] * 256
+        for f in self.files_at(rel, epoch):
+            span = max(1, f.vnode_max - f.vnode_min + 1)
+            share = f.rows / span
+            for v in range(max(0, f.vnode_min), min(255, f.vnode_max) + 1):
+                est[v] += share
+        return est
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str,
+                     rows: int) -> list[AddAction]:
+        table_path = self.path(rel)
+        out = table_path / subdir
+        n_files = max(1, math.ceil(rows / self.target_file_rows))
+        ordered = (df.repartition(1) if n_files == 1
+                   else df.repartitionByRange(n_files, VNODE, *rel.key))
+        ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
+        schema = physical_struct(rel.columns)
+        ordered = ordered.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+        self.meta.add_pending_dir(rel.id, str(out))
+        ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
+        actions = []
+        first_key = rel.key[0]
+        now_ms = int(time.time() * 1000)
+        for part in sorted(out.glob("part-*.parquet")):
+            stats = _file_stats(part, [VNODE, EPOCH, first_key])
+            actions.append(AddAction(str(part.relative_to(table_path)), part.stat().st_size, {},
+                                     now_ms, True, json.dumps(stats, default=str)))
+        return actions
+
+    def append(self, rel: StoredRelation, epoch: int, delta: DataFrame, rows: int) -> int:
+        """Append one epoch's changelog (columns + ``_vnode`` + ``_op``); returns the
+        Delta version that holds it. Idempotent per epoch."""
+        table_path = str(self.path(rel))
+        dt = DeltaTable(table_path)
+        if (dt.transaction_version(APP_ID) or 0) >= epoch:
+            return int(dt.version())
+        subdir = f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
+        actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir, rows)
+        dt.create_write_transaction(
+            actions, mode="append", schema=dt.schema(),
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(APP_ID, epoch, int(time.time() * 1000))]),
+        )
+        self.meta.remove_pending_dir(str(self.path(rel) / subdir))
+        return int(DeltaTable(table_path).version())
+
+    def needs_compaction(self, rel: StoredRelation, epoch: int) -> bool:
+        files = self.files_at(rel, epoch)
+        log = [f for f in files if f.kind == "log"]
+        if not log:
+            return False
+        log_rows = sum(f.rows for f in log)
+        base_rows = sum(f.rows for f in files if f.kind == "base")
+        return len(log) >= self.max_log_files or log_rows > max(
+            self.min_compact_rows, self.log_fraction * base_rows)
+
+    def compact(self, rel: StoredRelation, epoch: int, live_rows: int) -> int:
+        """Fold log into base as of committed ``epoch`` in one Delta commit."""
+        version = self.meta.version_at(rel.id, epoch)
+        assert version is not None
+        old_files = self.files(rel, version)
+        subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
+        snap = self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
+        actions = self._write_files(rel, snap, subdir, live_rows)
+        table_path = str(self.path(rel))
+        dt = DeltaTable(table_path)
+        dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
+        new_version = int(DeltaTable(table_path).version())
+        with self.meta.transaction() as conn:
+            self.meta.set_version(conn, rel.id, epoch, new_version)
+            self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in old_files])
+            conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (str(self.path(rel) / subdir),))
+        return new_version
+
+    def reset(self, rel: StoredRelation) -> int:
+        """Remove every file of a relation in one commit (a restarted job)."""
+        table_path = str(self.path(rel))
+        dt = DeltaTable(table_path)
+        dt.create_write_transaction([], mode="overwrite", schema=dt.schema())
+        return int(DeltaTable(table_path).version())
+
+    # --- recovery and cleanup -------------------------------------------------------------
+
+    def referenced(self, rel: StoredRelation) -> set[str]:
+        dt = DeltaTable(str(self.path(rel)))
+        return {str(self.path(rel) / a) for a in
+                pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()}
+
+    def remove_unreferenced_dir(self, rel: StoredRelation, dir_: str) -> None:
+        refs = self.referenced(rel)
+        if not any(r.startswith(dir_ + "/") for r in refs):
+            shutil.rmtree(dir_, ignore_errors=True)
+
+
+def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
+    """The last change of each key: highest epoch, and ``U+`` after ``U-``."""
+    rank = F.when(F.col(OP) == "U-", F.lit(0)).otherwise(F.lit(1))
+    w = Window.partitionBy(*key).orderBy(F.col(EPOCH).desc(), rank.desc())
+    return (log_df.withColumn("_sf_rn", F.row_number().over(w))
+            .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+
+
+def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:
+    value = action.get(f"{which}.{col}")
+    return default if value is None else value
+
+
+def _file_stats(path: Path, columns: Sequence[str]) -> dict[str, Any]:
+    md = pq.ParquetFile(path).metadata
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for col in columns:
+        if col not in names:
+            continue
+        idx = names.index(col)
+        lo = hi = None
+        n_null = 0
+        ok = True
+        for rg in range(md.num_row_groups):
+            st = md.row_group(rg).column(idx).statistics
+            if st is None or not st.has_min_max:
+                if md.row_group(rg).num_rows:
+                    ok = False
+                continue
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+            n_null += st.null_count or 0
+        if ok and lo is not None and isinstance(lo, int | str):
+            mins[col], maxs[col], nulls[col] = lo, hi, n_null
+    return {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
