@@ -163,8 +163,11 @@ class BackfillScan:
         self.buffers: dict[int, list[pa.Table]] = {}
 
     def _chunk(self, upstream: Relation, epoch: int, pos: Position | None,
-               limit: int | None) -> tuple[DataFrame | None, Position | None, int]:
-        """Read the next chunk of ``snapshot(epoch)`` above ``pos``."""
+               limit: int | None, live_rows: int | None = None,
+               ) -> tuple[DataFrame | None, Position | None, int]:
+        """Read the next chunk of ``snapshot(epoch)`` above ``pos``; ``live_rows``
+        (the upstream's row count at ``epoch``, when known) sharpens the estimate
+        of how many vnodes the chunk needs."""
         if limit == 0:
             return None, pos, 0
         up = upstream.stored
@@ -172,7 +175,8 @@ class BackfillScan:
             chunk = self.store.snapshot(up, epoch, after=pos)
             chunk = chunk.persist(StorageLevel.MEMORY_AND_DISK)
             return chunk, END, chunk.count()
-        hi = pick_vnode_hi(self.store.estimate_rows_by_vnode(up, epoch), pos, limit)
+        estimate = self.store.estimate_rows_by_vnode(up, epoch, live_rows)
+        hi = pick_vnode_hi(estimate, pos, limit)
         snap = self.store.snapshot(up, epoch, after=pos, vnode_hi=hi)
         chunk = snap.orderBy(VNODE, *up.key).limit(limit).persist(StorageLevel.MEMORY_AND_DISK)
         stats = chunk.agg(F.count(F.lit(1)).alias("n"),
@@ -196,7 +200,8 @@ class BackfillScan:
         if strategy == "buffer":
             return self._run_buffer(mv, upstream, state, pinned_epoch, limit, delta_u, epoch)
         chunk_limit = None if strategy == "blocking" else limit
-        chunk, new_pos, n = self._chunk(upstream, epoch - 1, pos, chunk_limit)
+        chunk, new_pos, n = self._chunk(upstream, epoch - 1, pos, chunk_limit,
+                                        upstream.row_count)
         cached = [chunk] if chunk is not None else []
         delta = mv_delta(mv, upstream, delta_u, pos, new_pos, chunk)
         if new_pos is not None and new_pos.is_end:

@@ -91,7 +91,7 @@ class RelationStore:
         spark: SparkSession,
         root: Path,
         meta: MetaStore,
-        target_file_rows: int = 200_000,
+        target_file_rows: int = 50_000,
         max_log_files: int = 16,
         log_fraction: float = 0.5,
         min_compact_rows: int = 50_000,
@@ -206,14 +206,19 @@ class RelationStore:
         return self._read(rel, files).where(
             (F.col(EPOCH) > F.lit(after_epoch)) & (F.col(EPOCH) <= F.lit(upto_epoch)))
 
-    def estimate_rows_by_vnode(self, rel: StoredRelation, epoch: int) -> list[float]:
-        """Rows per vnode estimated from file statistics (uniform within a file)."""
+    def estimate_rows_by_vnode(self, rel: StoredRelation, epoch: int,
+                               live_rows: int | None = None) -> list[float]:
+        """Live rows per vnode estimated from file statistics (uniform within a
+        file), scaled to ``live_rows`` when it is known: log files repeat keys."""
         est = [0.0] * 256
         for f in self.files_at(rel, epoch):
             span = max(1, f.vnode_max - f.vnode_min + 1)
             share = f.rows / span
             for v in range(max(0, f.vnode_min), min(255, f.vnode_max) + 1):
                 est[v] += share
+        total = sum(est)
+        if live_rows is not None and total > 0:
+            est = [x * live_rows / total for x in est]
         return est
 
     # --- writes ---------------------------------------------------------------------------
