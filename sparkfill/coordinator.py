@@ -31,6 +31,7 @@ from .backfill import (
     Done,
     InProgress,
     NotStarted,
+    ScanResult,
     mv_delta,
     rows_done,
     state_from_rows,
@@ -115,7 +116,6 @@ class EpochCoordinator:
     def execute(self, plan: dict[str, Any]) -> EpochReport:
         started = time.time()
         epoch = int(plan["epoch"])
-        prev = epoch - 1
         self.store.rows_read.clear()
 
         # phase 1: inputs — the staged DML the plan pinned
@@ -132,28 +132,14 @@ class EpochCoordinator:
         created: list[int] = []
         chunk_rows: dict[int, int] = {}
         for rel in self.catalog.all():
-            delta: DataFrame | None = None
-            if rel.kind == "table":
-                if by_table.get(rel.id):
-                    delta = table_delta(self.spark, self.store, rel, by_table[rel.id], prev)
-            else:
-                upstream = self.catalog.get(rel.plan.upstream) if rel.plan else None
-                assert upstream is not None
-                delta_u = deltas.get(upstream.id)
-                if rel.state == "created":
-                    if delta_u is not None:
-                        delta = mv_delta(rel, upstream, delta_u, END, END, None)
-                else:
-                    state, pinned = state_from_rows(self.meta.progress(rel.id))
-                    limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows
-                                               if rel.options else None)
-                    result = self.scan.run(rel, upstream, state, pinned, limit, delta_u, epoch)
-                    cached.extend(result.cached)
-                    delta = result.delta
-                    chunk_rows[rel.id] = result.chunk_rows
-                    progress.append(state_to_row(rel.id, result.state, result.pinned_epoch))
-                    if isinstance(result.state, Done):
-                        created.append(rel.id)
+            with self.store.reading_for(rel.name):
+                delta, scan = self._delta_of(rel, by_table, deltas, plan, epoch)
+            if scan is not None:
+                cached.extend(scan.cached)
+                chunk_rows[rel.id] = scan.chunk_rows
+                progress.append(state_to_row(rel.id, scan.state, scan.pinned_epoch))
+                if isinstance(scan.state, Done):
+                    created.append(rel.id)
             if delta is None:
                 continue
             delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
@@ -193,6 +179,28 @@ class EpochCoordinator:
                            jobs=self.jobs(), rows_read=self.last_rows_read,
                            backfill_rows={self.catalog.get_by_id(k).name: v
                                           for k, v in chunk_rows.items()})
+
+    def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
+                  deltas: dict[int, DataFrame], plan: dict[str, Any], epoch: int,
+                  ) -> tuple[DataFrame | None, ScanResult | None]:
+        """Δ of one relation for ``epoch`` (and the backfill scan's result for a
+        creating MV)."""
+        if rel.kind == "table":
+            batches = by_table.get(rel.id)
+            if not batches:
+                return None, None
+            return table_delta(self.spark, self.store, rel, batches, epoch - 1), None
+        assert rel.plan is not None and rel.options is not None
+        upstream = self.catalog.get(rel.plan.upstream)
+        delta_u = deltas.get(upstream.id)
+        if rel.state == "created":
+            if delta_u is None:
+                return None, None
+            return mv_delta(rel, upstream, delta_u, END, END, None), None
+        state, pinned = state_from_rows(self.meta.progress(rel.id))
+        limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows)
+        scan = self.scan.run(rel, upstream, state, pinned, limit, delta_u, epoch)
+        return scan.delta, scan
 
     def _housekeep(self, epoch: int, appended: dict[int, int]) -> None:
         for rel in self.catalog.all():

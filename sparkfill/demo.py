@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             _dml(eng, rng, eng.committed_epoch + 1, args.dml_rows, id_space)
             before.append(eng.step().seconds)
-        console.print(f"upstream epoch time without backfill: median {statistics.median(before):.2f}s")
+        console.print("upstream epoch time without backfill: "
+                      f"median {statistics.median(before):.2f}s")
 
         eng.sql(f"CREATE MATERIALIZED VIEW big_orders WITH (backfill = '{args.strategy}', "
                 f"backfill_chunk_rows = {args.chunk_rows}) AS {MV_SQL}")

@@ -55,7 +55,7 @@ from .frontend import (
 from .lock import WriterLock
 from .meta_store import MetaStore
 from .options import resolve_options
-from .planner import check_supported, plan_materialized_view
+from .planner import check_supported, from_table, plan_materialized_view
 from .progress import EpochReport
 from .relation_store import RelationStore
 from .session import build_spark_session
@@ -324,8 +324,7 @@ class Engine:
                 return None
             raise RelationExists(f"a relation named {cmd.name!r} already exists")
         select = check_supported(cmd.query)
-        from_ = select.args.get("from_") or select.args.get("from")
-        upstream = self.catalog.get(from_.this.name)
+        upstream = self.catalog.get(from_table(select).name)
         if upstream.kind == "mv" and upstream.state != "created":
             raise UnsupportedQuery(
                 f"materialized view {upstream.name!r} is still being created; create "
@@ -379,8 +378,9 @@ class Engine:
                                    T.StructField("columns", T.StringType()),
                                    T.StructField("primary_key", T.StringType()),
                                    T.StructField("rows", T.LongType())])
-            data = [(r.name, ", ".join(f"{c.name} {c.type.upper()}" for c in r.columns),
-                     ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
+            data: list[tuple[Any, ...]] = [
+                (r.name, ", ".join(f"{c.name} {c.type.upper()}" for c in r.columns),
+                 ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
             return self.spark.createDataFrame(data, schema)
         if cmd.what == "materialized views":
             schema = T.StructType([T.StructField("name", T.StringType()),
@@ -462,7 +462,7 @@ class Engine:
             self._snapshot(rel, self._epoch_for_read(rel, epoch)).createOrReplaceTempView(view)
             views[name.lower()] = view
 
-        def rename(node: exp.Expression) -> exp.Expression:
+        def rename(node: exp.Expr) -> exp.Expr:
             if isinstance(node, exp.Table) and node.name.lower() in views:
                 alias = node.alias or node.name
                 return exp.Table(this=exp.to_identifier(views[node.name.lower()]),

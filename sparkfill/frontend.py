@@ -41,7 +41,7 @@ class CreateMaterializedView(Command):
     name: str
     options: dict[str, Any]
     query_sql: str
-    query: exp.Expression
+    query: exp.Expr
     if_not_exists: bool = False
 
 
@@ -85,7 +85,7 @@ class Delete(Command):
 
 @dataclass
 class Query(Command):
-    tree: exp.Expression
+    tree: exp.Expr
     tables: list[str] = field(default_factory=list)
 
 
@@ -238,7 +238,7 @@ def _parse_create_table(tree: exp.Create) -> CreateTable:
     return CreateTable(name, columns, resolved, bool(tree.args.get("exists")))
 
 
-def _tables_of(tree: exp.Expression) -> list[str]:
+def _tables_of(tree: exp.Expr) -> list[str]:
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     names = []
     for t in tree.find_all(exp.Table):

@@ -163,8 +163,8 @@ class MetaStore:
 
     def add_relation(self, conn: sqlite3.Connection, rel: RelationRow, version: int) -> None:
         conn.execute(
-            "INSERT INTO relations(id, name, kind, definition, state, created_epoch, row_count, dir,"
-            " ready_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO relations(id, name, kind, definition, state, created_epoch, row_count,"
+            " dir, ready_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rel.id, rel.name, rel.kind, json.dumps(rel.definition), rel.state,
              rel.created_epoch, rel.row_count, rel.dir, rel.ready_epoch),
         )

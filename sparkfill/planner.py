@@ -22,7 +22,9 @@ from sqlglot import exp
 from .errors import SqlError, UnsupportedQuery
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
-__all__ = ["MvPlan", "plan_materialized_view", "check_supported", "NONDETERMINISTIC"]
+__all__ = [
+    "MvPlan", "plan_materialized_view", "check_supported", "from_table", "NONDETERMINISTIC",
+]
 
 NONDETERMINISTIC = {
     "rand", "random", "randn", "uuid", "now", "current_timestamp", "currenttimestamp",
@@ -79,7 +81,7 @@ class MvPlan:
         return out.select(*[F.col(c.name).cast(c.type) for c in columns])
 
 
-def check_supported(query: exp.Expression) -> exp.Select:
+def check_supported(query: exp.Expr) -> exp.Select:
     """Return the SELECT if its shape is supported, else raise ``UnsupportedQuery``."""
     if isinstance(query, exp.Union | exp.Except | exp.Intersect):
         raise UnsupportedQuery(f"{type(query).__name__.upper()} of queries is not supported yet")
@@ -117,8 +119,16 @@ def check_supported(query: exp.Expression) -> exp.Select:
     return query
 
 
-def _expand_stars(select: exp.Select, alias: str, visible: Sequence[str]) -> list[exp.Expression]:
-    items: list[exp.Expression] = []
+def from_table(select: exp.Select) -> exp.Table:
+    """The one relation a supported SELECT reads."""
+    from_ = select.args.get("from_") or select.args.get("from")
+    if from_ is None or not isinstance(from_.this, exp.Table):
+        raise UnsupportedQuery("an MV must read FROM one table or materialized view")
+    return from_.this
+
+
+def _expand_stars(select: exp.Select, alias: str, visible: Sequence[str]) -> list[exp.Expr]:
+    items: list[exp.Expr] = []
     for item in select.expressions:
         is_star = isinstance(item, exp.Star) or (
             isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
@@ -137,8 +147,7 @@ def plan_materialized_view(
     upstream_key: Sequence[str],
 ) -> tuple[MvPlan, list[Column], list[str]]:
     """Plan ``select`` over the upstream; returns the plan, the MV's columns and key."""
-    from_ = select.args.get("from_") or select.args.get("from")
-    table: exp.Table = from_.this
+    table = from_table(select)
     alias = table.alias_or_name
     visible = [c.name for c in upstream_columns if not c.hidden]
     items = _expand_stars(select, alias, visible)
@@ -175,7 +184,8 @@ def plan_materialized_view(
                 f"MV column {f.name!r} has type {f.dataType.simpleString()}, which sparkfill "
                 "cannot store yet") from exc
         columns.append(Column(f.name, type_name, True))
-    outputs = tuple((n, i.unalias().sql(dialect="spark")) for n, i in zip(names, items, strict=True))
+    outputs = tuple((n, i.unalias().sql(dialect="spark"))
+                    for n, i in zip(names, items, strict=True))
 
     by_name = {c.name: c for c in upstream_columns}
     key: list[str] = []
@@ -199,7 +209,7 @@ def plan_materialized_view(
     return plan, columns, key
 
 
-def parse_query(sql: str) -> exp.Expression:
+def parse_query(sql: str) -> exp.Expr:
     try:
         return sqlglot.parse_one(sql, read="spark")
     except sqlglot.errors.ParseError as exc:

@@ -23,7 +23,8 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -104,10 +105,21 @@ class RelationStore:
         self.log_fraction = log_fraction
         self.min_compact_rows = min_compact_rows
         self._files_cache: OrderedDict[tuple[str, int], list[DataFile]] = OrderedDict()
-        #: rows in the files each read selected, per relation, since the last reset
+        #: rows in the files each read selected since the last reset, per reader
+        #: (the relation whose Δ the read served)
         self.rows_read: dict[str, int] = defaultdict(int)
+        self.reader = ""
 
     # --- tables ---------------------------------------------------------------------------
+
+    @contextmanager
+    def reading_for(self, reader: str) -> Iterator[None]:
+        """Attribute the rows the reads inside select to ``reader``."""
+        previous, self.reader = self.reader, reader
+        try:
+            yield
+        finally:
+            self.reader = previous
 
     def path(self, rel: StoredRelation) -> Path:
         return self.root / rel.dir
@@ -165,7 +177,7 @@ class RelationStore:
         schema = physical_struct(rel.columns)
         if not files:
             return self.spark.createDataFrame([], schema)
-        self.rows_read[rel.name] += sum(f.rows for f in files)
+        self.rows_read[self.reader or rel.name] += sum(f.rows for f in files)
         return self.spark.read.schema(schema).parquet(*[f.uri for f in files])
 
     def snapshot(
@@ -224,18 +236,20 @@ class RelationStore:
     # --- writes ---------------------------------------------------------------------------
 
     def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str,
-                     rows: int) -> list[AddAction]:
+                     rows: int) -> list[AddAction | RemoveAction]:
         table_path = self.path(rel)
         out = table_path / subdir
         n_files = max(1, math.ceil(rows / self.target_file_rows))
-        ordered = (df.repartition(1) if n_files == 1
+        # one small file: coalesce (the Δ is cached, so this costs no shuffle);
+        # several: range-partition so each file covers a narrow vnode range
+        ordered = (df.coalesce(1) if n_files == 1
                    else df.repartitionByRange(n_files, VNODE, *rel.key))
         ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
         schema = physical_struct(rel.columns)
         ordered = ordered.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
         self.meta.add_pending_dir(rel.id, str(out))
         ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
-        actions = []
+        actions: list[AddAction | RemoveAction] = []
         first_key = rel.key[0]
         now_ms = int(time.time() * 1000)
         for part in sorted(out.glob("part-*.parquet")):
