@@ -95,7 +95,7 @@ class RelationStore:
         target_file_rows: int = 50_000,
         max_log_files: int = 16,
         log_fraction: float = 0.5,
-        min_compact_rows: int = 50_000,
+        min_compact_rows: int = 10_000,
     ) -> None:
         self.spark = spark
         self.root = root
