@@ -183,6 +183,8 @@ class DmlStager:
 
     def stage(self, rel: Relation, rows: Any, kind: str) -> int:
         """Validate and durably stage rows; returns the number of rows staged."""
+        if isinstance(rows, list | tuple) and not rows:
+            return 0
         seq = self.meta.next_dml_seq()
         name = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
         if isinstance(rows, DataFrame):

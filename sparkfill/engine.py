@@ -167,12 +167,10 @@ class Engine:
         old_dir = rel.dir
         new_dir = f"{rel.id:06d}-{rel.name}-{uuid.uuid4().hex[:6]}"
         version = self.store.create(new_dir, rel.columns)
-        epoch = self.meta.committed_epoch
         with self.meta.transaction() as conn:
             self.meta.reset_relation(conn, rel.id, new_dir, rel.created_epoch, version)
             self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None))
         self.store.delete(old_dir)
-        _ = epoch
 
     def close(self) -> None:
         if self._closed:

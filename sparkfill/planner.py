@@ -194,7 +194,8 @@ def plan_materialized_view(
         chosen = None
         for name, item in zip(names, items, strict=True):
             ref = item.unalias()
-            if isinstance(ref, exp.Column) and ref.name == k and not by_name[k].hidden:
+            if (isinstance(ref, exp.Column) and ref.name.lower() == k.lower()
+                    and not by_name[k].hidden):
                 chosen = name
                 break
         if chosen is None:
