@@ -1,0 +1,140 @@
+"""Unit tests of the relation store, key ranges and changelog consolidation:
+the storage invariants the engine's correctness rests on."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+
+from sparkfill.changelog import consolidate
+from sparkfill.keyrange import END, Position, gt, le
+from sparkfill.meta_store import EpochCommit, MetaStore
+from sparkfill.relation_store import RelationStore, StoredRelation
+from sparkfill.schema import OP, VNODE, Column, vnode_expr
+
+COLUMNS = (Column("id", "bigint", False), Column("v", "string", True))
+KEY = ("id",)
+
+
+@pytest.fixture
+def store(tmp_path: Path, spark):
+    meta = MetaStore(tmp_path / "meta.sqlite")
+    st_ = RelationStore(spark, tmp_path / "relations", meta, target_file_rows=40,
+                        max_log_files=1000, min_compact_rows=10**9)
+    rel = StoredRelation(1, "r", "000001-r", COLUMNS, KEY)
+    st_.create(rel.dir, COLUMNS)
+    with meta.transaction() as conn:
+        meta.set_version(conn, rel.id, 0, 0)
+    yield st_, meta, rel
+    meta.close()
+
+
+def _changelog(spark, rows: list[tuple[int, str | None, str]]):
+    df = spark.createDataFrame(rows, "id bigint, v string, _op string")
+    return df.withColumn(VNODE, vnode_expr(["id"])).select("id", "v", VNODE, OP)
+
+
+def _commit(store, meta, rel, epoch, rows, spark):
+    version = store.append(rel, epoch, _changelog(spark, rows), len(rows))
+    meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: version}, {}, [], [], 0))
+    return version
+
+
+def _snap(store, rel, epoch):
+    return sorted((r.id, r.v) for r in store.snapshot(rel, epoch).collect())
+
+
+def test_snapshot_merges_log_latest_change_wins_and_time_travels(store, spark):
+    st_, meta, rel = store
+    _commit(st_, meta, rel, 1, [(1, "a", "+"), (2, "b", "+"), (3, "c", "+")], spark)
+    _commit(st_, meta, rel, 2, [(1, "a", "U-"), (1, "a2", "U+"), (2, "b", "-")], spark)
+    _commit(st_, meta, rel, 3, [(2, "b3", "+"), (3, "c", "-")], spark)
+    assert _snap(st_, rel, 1) == [(1, "a"), (2, "b"), (3, "c")]
+    assert _snap(st_, rel, 2) == [(1, "a2"), (3, "c")]
+    assert _snap(st_, rel, 3) == [(1, "a2"), (2, "b3")]
+    log = st_.changelog(rel, 1, 3).select("id", OP, "_epoch").collect()
+    assert sorted((r.id, r[OP], r._epoch) for r in log) == [
+        (1, "U+", 2), (1, "U-", 2), (2, "+", 3), (2, "-", 2), (3, "-", 3)]
+
+
+def test_append_is_idempotent_per_epoch(store, spark):
+    st_, meta, rel = store
+    v1 = _commit(st_, meta, rel, 1, [(1, "a", "+")], spark)
+    again = st_.append(rel, 1, _changelog(spark, [(1, "a", "+")]), 1)
+    assert again == v1
+    assert len(st_.files(rel, st_.latest_version(rel))) == 1
+    assert _snap(st_, rel, 1) == [(1, "a")]
+
+
+def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
+    st_, meta, rel = store
+    rng = random.Random(3)
+    model: dict[int, str] = {}
+    history = {}
+    for epoch in range(1, 7):
+        rows = []
+        for k in rng.sample(range(200), 60):
+            if k in model and rng.random() < 0.3:
+                rows.append((k, model.pop(k), "-"))
+            elif k in model:
+                new = f"{k}-{epoch}"
+                rows += [(k, model[k], "U-"), (k, new, "U+")]
+                model[k] = new
+            else:
+                model[k] = f"{k}-{epoch}"
+                rows.append((k, model[k], "+"))
+        _commit(st_, meta, rel, epoch, rows, spark)
+        history[epoch] = sorted(model.items())
+    before = st_.latest_version(rel)
+    st_.compact(rel, 6, len(model))
+    files = st_.files_at(rel, 6)
+    assert {f.kind for f in files} == {"base"}
+    assert len(files) > 1, "base files are split by vnode range"
+    assert st_.latest_version(rel) == before + 1
+    for epoch, expected in history.items():
+        assert _snap(st_, rel, epoch) == expected
+
+
+def test_range_reads_prune_files(store, spark):
+    st_, meta, rel = store
+    _commit(st_, meta, rel, 1, [(i, str(i), "+") for i in range(400)], spark)
+    st_.compact(rel, 1, 400)
+    st_.rows_read.clear()
+    whole = st_.snapshot(rel, 1).count()
+    full_read = st_.rows_read["r"]
+    st_.rows_read.clear()
+    part = st_.snapshot(rel, 1, after=Position(100, None), vnode_hi=140).collect()
+    assert whole == 400 and full_read == 400
+    assert all(100 < r[VNODE] <= 140 for r in part)
+    assert 0 < st_.rows_read["r"] < full_read / 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(vnode=st.integers(0, 255), key=st.one_of(st.none(), st.integers(-5, 5)))
+def test_le_and_gt_partition_rows(spark, vnode, key):
+    df = spark.createDataFrame([(v, k) for v in (vnode - 1, vnode, vnode + 1)
+                                for k in range(-6, 7)], f"{VNODE} int, id bigint")
+    pos = Position(vnode, None if key is None else (key,))
+    pos = Position.from_json(pos.to_json())
+    below = {(r[0], r[1]) for r in df.where(le(pos, COLUMNS[:1])).collect()}
+    above = {(r[0], r[1]) for r in df.where(gt(pos, COLUMNS[:1])).collect()}
+    everything = {(r[0], r[1]) for r in df.collect()}
+    assert below | above == everything and not below & above
+    for v, k in below:
+        assert v < vnode or (v == vnode and (key is None or k <= key))
+    assert END.is_end and not pos.is_end or vnode == 255
+
+
+def test_consolidate_emits_one_net_change_per_key(spark):
+    before = spark.createDataFrame([(1, "a"), (2, "b"), (3, "c")], "id bigint, v string")
+    after = spark.createDataFrame([(1, "a"), (2, "b2"), (4, "d")], "id bigint, v string")
+    out = consolidate(before, after, ["id", "v"], ["id"]).collect()
+    got = sorted((r.id, r.v, r[OP]) for r in out)
+    assert got == [(2, "b", "U-"), (2, "b2", "U+"), (3, "c", "-"), (4, "d", "+")]
+    assert all(r[VNODE] == spark.range(1).select(
+        F.pmod(F.xxhash64(F.lit(r.id).cast("bigint")), F.lit(256))).first()[0] for r in out)
