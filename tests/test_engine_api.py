@@ -1,0 +1,323 @@
+"""Engine API semantics: DML order within an epoch, visibility of staged DML,
+reopening a warehouse, SHOW / SET / DROP, cancelling a creating MV, options."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import TableModel, assert_rows_equal, assert_same_rows, check_mv, mv_sql
+
+from sparkfill import Engine, UnknownRelation
+
+KV = "CREATE TABLE kv (id BIGINT, v BIGINT, tag STRING, PRIMARY KEY (id))"
+KV_COLS = ["id", "v", "tag"]
+
+
+def kv_rows(keys, v_of=lambda k: k * 10, tag="a"):
+    return [{"id": k, "v": v_of(k), "tag": tag} for k in keys]
+
+
+def step_until_created(eng, name: str, limit: int = 40) -> int:
+    """Step until ``name`` is created; return how many steps it took."""
+    for n in range(1, limit + 1):
+        eng.step()
+        if eng.progress(name).state == "created":
+            return n
+    raise AssertionError(f"{name} not created after {limit} steps: {eng.progress(name)}")
+
+
+def test_new_warehouse_starts_at_epoch_zero(engine):
+    assert engine.committed_epoch == 0
+    engine.sql(KV)
+    engine.insert("kv", kv_rows([1]))
+    assert engine.committed_epoch == 0
+    rep = engine.step()
+    assert rep.epoch == engine.committed_epoch >= 1
+    assert rep.changes.get("kv") == 1
+
+
+def test_dml_applies_in_call_order_within_epoch(engine, spark):
+    engine.sql(KV)
+    model = TableModel(KV_COLS, key="id")
+    base = kv_rows(range(1, 10))
+    engine.insert("kv", base)
+    model.insert(base)
+    engine.step()
+    model.step()
+
+    def ins(rows):
+        engine.insert("kv", rows)
+        model.insert(rows)
+
+    def dele(keys):
+        engine.delete("kv", [{"id": k} for k in keys])
+        model.delete([{"id": k} for k in keys])
+
+    ins(kv_rows([40]))
+    dele([40])  # insert then delete: absent
+    dele([1])
+    ins(kv_rows([1], v_of=lambda k: 11))  # delete then insert: present
+    ins(kv_rows([2], v_of=lambda k: 21))
+    ins(kv_rows([2], v_of=lambda k: 22))  # last write wins
+    dele([99])  # missing key: no-op
+    # UPDATE sees the committed snapshot (v=30), not the staged insert of 33,
+    # and being later in call order its key-level change wins
+    ins(kv_rows([3], v_of=lambda k: 33))
+    engine.sql("UPDATE kv SET v = v + 100 WHERE id = 3")
+    model.sql_update(lambda r: r["id"] == 3, lambda r: {"v": r["v"] + 100})
+    # UPDATE does not see a key that is only staged
+    ins(kv_rows([50]))
+    engine.sql("UPDATE kv SET v = -1 WHERE id = 50")
+    model.sql_update(lambda r: r["id"] == 50, lambda r: {"v": -1})
+    # SQL DELETE after a staged overwrite removes the key; an insert after it restores it
+    ins(kv_rows([6], v_of=lambda k: 66))
+    engine.sql("DELETE FROM kv WHERE id = 6")
+    model.sql_delete(lambda r: r["id"] == 6)
+    engine.sql("DELETE FROM kv WHERE v = 70")
+    model.sql_delete(lambda r: r["v"] == 70)
+    ins(kv_rows([7], v_of=lambda k: 77))
+    # SQL INSERT with an existing key overwrites
+    engine.sql("INSERT INTO kv (id, v, tag) VALUES (8, 88, 'sql'), (60, 600, NULL)")
+    model.insert([{"id": 8, "v": 88, "tag": "sql"}, {"id": 60, "v": 600, "tag": None}])
+
+    # nothing staged is visible before the step
+    committed = model.rows()
+    assert_rows_equal(engine.read("kv"), committed, label="kv before step")
+    assert engine.sql("SELECT count(*) AS c FROM kv").collect()[0][0] == len(committed)
+
+    engine.step()
+    model.step()
+    assert_rows_equal(engine.read("kv"), model.rows(), label="kv after step")
+    assert_same_rows(
+        engine.sql("SELECT tag, count(*) AS c, sum(v) AS s FROM kv GROUP BY tag"),
+        spark.sql(
+            "SELECT tag, count(*) AS c, sum(v) AS s FROM {t} GROUP BY tag", t=engine.read("kv")
+        ),
+    )
+
+
+def test_reopen_recovers_state_and_staged_dml(warehouse, spark):
+    template = "SELECT id, v * 3 AS v3 FROM {src} WHERE v % 20 = 0"
+    model = TableModel(KV_COLS, key="id")
+    eng = Engine(warehouse, spark=spark)
+    try:
+        eng.sql(KV)
+        rows = kv_rows(range(600))
+        eng.insert("kv", rows)
+        model.insert(rows)
+        eng.step()
+        model.step()
+        eng.sql(
+            "CREATE MATERIALIZED VIEW kvm WITH (backfill = 'no_shuffle', backfill_chunk_rows = 50) "
+            f"AS {mv_sql(template, 'kv')}"
+        )
+        eng.step()
+        model.step()
+        assert eng.progress("kvm").state != "created"
+        # staged but not stepped when the engine closes
+        staged = kv_rows(range(590, 650), v_of=lambda k: 40 * k)
+        eng.insert("kv", staged)
+        model.insert(staged)
+        eng.delete("kv", [{"id": k} for k in range(0, 100, 3)])
+        model.delete([{"id": k} for k in range(0, 100, 3)])
+        epoch = eng.committed_epoch
+        progress_before = eng.progress("kvm")
+    finally:
+        eng.close()
+
+    with Engine(warehouse, spark=spark) as eng2:
+        assert eng2.committed_epoch == epoch
+        assert eng2.progress("kvm").state == progress_before.state
+        assert eng2.progress("kvm").rows_done == progress_before.rows_done
+        rep = eng2.step()
+        model.step()
+        assert_rows_equal(eng2.read("kv"), model.rows(), label="kv after reopen + step")
+        step_until_created(eng2, "kvm")
+        check_mv(eng2, spark, "kvm", template, "kv", eng2.committed_epoch)
+        assert rep.epoch == epoch + 1
+        more = kv_rows(range(700, 720), v_of=lambda k: 20 * k)
+        eng2.insert("kv", more)
+        model.insert(more)
+        eng2.step()
+        model.step()
+        assert_rows_equal(eng2.read("kv"), model.rows(), label="kv")
+        check_mv(eng2, spark, "kvm", template, "kv", eng2.committed_epoch)
+        final_epoch = eng2.committed_epoch
+
+    # closed cleanly: reopen once more, nothing staged, nothing changes
+    with Engine(warehouse, spark=spark) as eng3:
+        assert eng3.committed_epoch == final_epoch
+        eng3.step()
+        assert_rows_equal(eng3.read("kv"), model.rows(), label="kv after second reopen")
+        check_mv(eng3, spark, "kvm", template, "kv", eng3.committed_epoch)
+
+
+def _names(df) -> set[str]:
+    return {v for row in df.collect() for v in row if isinstance(v, str)}
+
+
+def test_show_statements(engine):
+    engine.sql(KV)
+    engine.insert("kv", kv_rows(range(300)))
+    engine.step()
+    engine.sql(
+        "CREATE MATERIALIZED VIEW kvm WITH (backfill = 'no_shuffle', backfill_chunk_rows = 50) "
+        "AS SELECT id, v FROM kv"
+    )
+    assert "kv" in _names(engine.sql("SHOW TABLES"))
+    assert "kvm" in _names(engine.sql("SHOW MATERIALIZED VIEWS"))
+    assert "kv" not in _names(engine.sql("SHOW MATERIALIZED VIEWS"))
+    engine.step()
+    assert "kvm" in _names(engine.sql("SHOW JOBS"))
+    step_until_created(engine, "kvm")
+    engine.sql("DROP MATERIALIZED VIEW kvm")
+    assert "kvm" not in _names(engine.sql("SHOW MATERIALIZED VIEWS"))
+    assert "kvm" not in {p.name for p in engine.progress()}
+    engine.sql("DROP TABLE kv")
+    assert "kv" not in _names(engine.sql("SHOW TABLES"))
+    # names are free again
+    engine.sql(KV)
+    engine.step()
+    assert_rows_equal(engine.read("kv"), [], label="re-created kv")
+
+
+def test_set_default_chunk_rows(engine, spark):
+    engine.sql(KV)
+    engine.insert("kv", kv_rows(range(1000)))
+    engine.step()
+    engine.sql("SET backfill_chunk_rows = 100")
+    engine.sql(
+        "CREATE MATERIALIZED VIEW m_set WITH (backfill = 'no_shuffle') AS SELECT id, v FROM kv"
+    )
+    engine.sql(
+        "CREATE MATERIALIZED VIEW m_explicit WITH (backfill = 'no_shuffle', "
+        "backfill_chunk_rows = 500) AS SELECT id, v FROM kv"
+    )
+    created = {}
+    for n in range(1, 30):
+        engine.step()
+        for name, chunk in (("m_set", 100), ("m_explicit", 500)):
+            p = engine.progress(name)
+            if p.state == "created":
+                created.setdefault(name, n)
+            else:
+                assert p.rows_done <= chunk * n, f"{name}: {p.rows_done} rows after {n} epochs"
+        if len(created) == 2:
+            break
+    assert created["m_set"] >= 9, created
+    assert created["m_explicit"] <= 4, created
+    for name in ("m_set", "m_explicit"):
+        assert_same_rows(engine.read(name), engine.read("kv").select("id", "v"), label=name)
+
+
+def test_drop_creating_mv_cancels_job(engine, spark):
+    engine.sql(KV)
+    model = TableModel(KV_COLS, key="id")
+    rows = kv_rows(range(800))
+    engine.insert("kv", rows)
+    model.insert(rows)
+    engine.step()
+    model.step()
+    engine.sql(
+        "CREATE MATERIALIZED VIEW kvm WITH (backfill = 'no_shuffle', backfill_chunk_rows = 60) "
+        "AS SELECT id, v FROM kv WHERE v > 100"
+    )
+    for _ in range(3):
+        engine.insert("kv", kv_rows(range(790, 810), v_of=lambda k: k + 1))
+        model.insert(kv_rows(range(790, 810), v_of=lambda k: k + 1))
+        engine.step()
+        model.step()
+    assert engine.progress("kvm").state != "created"
+    engine.sql("DROP MATERIALIZED VIEW kvm")
+    with pytest.raises(UnknownRelation):
+        engine.progress("kvm")
+    with pytest.raises(UnknownRelation):
+        engine.read("kvm")
+    engine.delete("kv", [{"id": 5}])
+    model.delete([{"id": 5}])
+    engine.step()
+    model.step()
+    assert_rows_equal(engine.read("kv"), model.rows(), label="kv after cancel")
+    # the name can be reused with another query
+    template = "SELECT id, v - 1 AS w FROM {src} WHERE v % 7 = 0"
+    engine.sql(
+        "CREATE MATERIALIZED VIEW kvm WITH (backfill = 'blocking') AS " + mv_sql(template, "kv")
+    )
+    step_until_created(engine, "kvm")
+    check_mv(engine, spark, "kvm", template, "kv", engine.committed_epoch)
+
+
+def test_rate_limit_bounds_backfill_speed(engine, spark):
+    engine.sql(KV)
+    engine.insert("kv", kv_rows(range(1200)))
+    engine.step()
+    rate = 400
+    engine.sql(
+        "CREATE MATERIALIZED VIEW kvr WITH (backfill = 'no_shuffle', backfill_chunk_rows = 100000, "
+        f"backfill_rate_limit = {rate}) AS SELECT id, v FROM kv"
+    )
+    t0 = time.monotonic()
+    states = []
+    for _ in range(60):
+        engine.step()
+        p = engine.progress("kvr")
+        elapsed = time.monotonic() - t0
+        states.append(p.state)
+        if p.state == "created":
+            break
+        # never faster than the limit (one second of burst allowed)
+        assert p.rows_done <= rate * (elapsed + 1), (p.rows_done, elapsed)
+    assert states[-1] == "created"
+    # 1200 rows at 400 rows/s cannot take less than ~2 s
+    assert time.monotonic() - t0 >= 1200 / rate - 1.0
+    assert_same_rows(engine.read("kvr"), engine.read("kv").select("id", "v"), label="kvr")
+
+
+def test_mv_on_empty_table(engine, spark):
+    engine.sql(KV)
+    engine.step()
+    template = "SELECT id, upper(tag) AS t FROM {src} WHERE v >= 0"
+    engine.sql(
+        "CREATE MATERIALIZED VIEW e_mv WITH (backfill = 'no_shuffle', backfill_chunk_rows = 10) "
+        "AS " + mv_sql(template, "kv")
+    )
+    step_until_created(engine, "e_mv", limit=5)
+    assert engine.read("e_mv").count() == 0
+    engine.insert("kv", kv_rows(range(30)))
+    engine.step()
+    check_mv(engine, spark, "e_mv", template, "kv", engine.committed_epoch)
+    engine.sql("UPDATE kv SET tag = 'zz', v = -1 WHERE id < 10")
+    engine.step()
+    check_mv(engine, spark, "e_mv", template, "kv", engine.committed_epoch)
+    assert engine.read("e_mv").count() == 20
+
+
+def test_composite_key_table(engine, spark):
+    engine.sql("CREATE TABLE ck (a INT, b STRING, v DOUBLE, PRIMARY KEY (a, b))")
+    model = TableModel(["a", "b", "v"], key=["a", "b"])
+    rows = [{"a": i % 30, "b": f"k{i // 30}", "v": i / 4} for i in range(600)]
+    engine.insert("ck", rows)
+    model.insert(rows)
+    engine.step()
+    model.step()
+    template = "SELECT a, v * 2 AS v2 FROM {src} WHERE b <> 'k3'"
+    engine.sql(
+        "CREATE MATERIALIZED VIEW ckm WITH (backfill = 'no_shuffle', backfill_chunk_rows = 70) "
+        "AS " + mv_sql(template, "ck")
+    )
+    for n in range(30):
+        if n < 5:
+            upd = [{"a": n, "b": f"k{j}", "v": -1.0 * j} for j in range(20)]
+            engine.insert("ck", upd)
+            model.insert(upd)
+            engine.delete("ck", [{"a": 7, "b": f"k{n}"}, {"a": 99, "b": "none"}])
+            model.delete([{"a": 7, "b": f"k{n}"}, {"a": 99, "b": "none"}])
+        engine.step()
+        model.step()
+        assert_rows_equal(engine.read("ck"), model.rows(), label=f"ck after {n}")
+        if engine.progress("ckm").state == "created":
+            check_mv(engine, spark, "ckm", template, "ck", engine.committed_epoch)
+            if n >= 5:
+                break
+    assert engine.progress("ckm").state == "created"
