@@ -405,7 +405,7 @@ class Engine:
     def _insert_values(self, cmd: InsertValues) -> None:
         rel = self._table(cmd.table)
         names = cmd.columns or [c.name for c in rel.columns]
-        aliases = ", ".join(f"`c{i}`" for i in range(len(names)))
+        aliases = ", ".join("`" + n.replace("`", "``") + "`" for n in names)
         try:
             df = self.spark.sql(f"SELECT * FROM {cmd.values_sql} AS v({aliases})")
         except PySparkException as exc:
