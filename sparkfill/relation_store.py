@@ -94,7 +94,7 @@ class RelationStore:
         meta: MetaStore,
         target_file_rows: int = 50_000,
         max_log_files: int = 16,
-        log_fraction: float = 0.5,
+        log_fraction: float = 1.0,
         min_compact_rows: int = 10_000,
     ) -> None:
         self.spark = spark
