@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark import StorageLevel
+from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -107,26 +108,24 @@ def pick_vnode_hi(rows_by_vnode: Sequence[float], pos: Position | None, limit: i
 
 
 def mv_delta(mv: Relation, upstream: Relation, delta_u: DataFrame | None,
-             done_upto: Position | None, new_upto: Position | None,
+             covered_before: SparkColumn, covered_after: SparkColumn,
              chunk: DataFrame | None) -> DataFrame | None:
-    """Δ(MV) for one epoch: upstream changes at or below ``new_upto`` plus the
-    chunk ``(done_upto, new_upto]`` read from the previous snapshot.
+    """Δ(MV) for one epoch: the upstream's changes to keys covered after this
+    epoch, plus the chunk (newly covered keys) read from the previous snapshot.
 
-    Before-images count only where the MV already holds the key (``<= done_upto``);
-    after-images count up to ``new_upto``; chunk rows count unless the epoch
-    changed their key.
+    Before-images count only where the MV already holds the key
+    (``covered_before``); after-images count where the key is covered after this
+    epoch (``covered_after``); chunk rows count unless the epoch changed their key.
     """
     assert mv.plan is not None
     if delta_u is None and chunk is None:
         return None
-    up_key_columns = upstream.stored.key_columns
     up_cols = [c.name for c in upstream.columns] + [VNODE]
     afters: list[DataFrame] = []
+    before: DataFrame | None = None
     if delta_u is not None:
-        before = before_images(delta_u).where(le(done_upto, up_key_columns)).select(*up_cols)
-        afters.append(after_images(delta_u).where(le(new_upto, up_key_columns)).select(*up_cols))
-    else:
-        before = None
+        before = before_images(delta_u).where(covered_before).select(*up_cols)
+        afters.append(after_images(delta_u).where(covered_after).select(*up_cols))
     if chunk is not None:
         if delta_u is not None:
             chunk = chunk.join(delta_u.select(*upstream.key).distinct(), list(upstream.key),
@@ -137,11 +136,13 @@ def mv_delta(mv: Relation, upstream: Relation, delta_u: DataFrame | None,
         after = after.unionByName(extra)
     mv_after = mv.plan.apply(after, mv.columns)
     names = [c.name for c in mv.columns]
-    if before is None:
-        mv_before = mv_after.limit(0)
-    else:
-        mv_before = mv.plan.apply(before, mv.columns)
+    mv_before = mv_after.limit(0) if before is None else mv.plan.apply(before, mv.columns)
     return consolidate(mv_before, mv_after, names, mv.key)
+
+
+def position_covered(pos: Position | None, upstream: Relation) -> SparkColumn:
+    """Keys at or below a whole-order position."""
+    return le(pos, upstream.stored.key_columns)
 
 
 @dataclass
@@ -151,6 +152,8 @@ class ScanResult:
     pinned_epoch: int | None
     chunk_rows: int
     cached: list[DataFrame]
+    #: progress rows to persist, when the strategy keeps more than one position
+    progress_rows: list[ProgressRow] | None = None
 
 
 class BackfillScan:
@@ -203,7 +206,8 @@ class BackfillScan:
         chunk, new_pos, n = self._chunk(upstream, epoch - 1, pos, chunk_limit,
                                         upstream.row_count)
         cached = [chunk] if chunk is not None else []
-        delta = mv_delta(mv, upstream, delta_u, pos, new_pos, chunk)
+        delta = mv_delta(mv, upstream, delta_u, position_covered(pos, upstream),
+                         position_covered(new_pos, upstream), chunk)
         if new_pos is not None and new_pos.is_end:
             new_state: BackfillState = Done(done_rows + n)
         elif new_pos is None:
@@ -229,12 +233,13 @@ class BackfillScan:
         if new_pos is None or not new_pos.is_end:
             delta = None
             if chunk is not None:
-                delta = mv_delta(mv, upstream, None, pos, new_pos, chunk)
+                delta = mv_delta(mv, upstream, None, F.lit(False), F.lit(True), chunk)
             new_state: BackfillState = (NotStarted() if new_pos is None
                                         else InProgress(new_pos, total))
             return ScanResult(delta, new_state, pinned_epoch, n, cached)
         span = self._span_changelog(upstream, buffer)
-        delta = mv_delta(mv, upstream, span, pos, END, chunk)
+        delta = mv_delta(mv, upstream, span, position_covered(pos, upstream), F.lit(True),
+                         chunk)
         self.buffers.pop(mv.id, None)
         return ScanResult(delta, Done(total), pinned_epoch, n, cached)
 

@@ -25,15 +25,15 @@ from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from .arrangement import ArrangementScan, VnodeProgress
 from .backfill import (
     BackfillScan,
     Done,
     InProgress,
-    NotStarted,
     ScanResult,
     mv_delta,
-    rows_done,
     state_from_rows,
     state_to_row,
 )
@@ -45,7 +45,10 @@ from .progress import EpochReport, JobProgress
 from .relation_store import RelationStore
 from .schema import OP
 
-__all__ = ["EpochCoordinator"]
+__all__ = ["EpochCoordinator", "STALL_EPOCHS"]
+
+#: a job that made no progress for this many epochs while not paused is stalled
+STALL_EPOCHS = 5
 
 
 @dataclass
@@ -66,24 +69,48 @@ class EpochCoordinator:
         self.scan = BackfillScan(spark, store)
         self._tokens: dict[int, float] = {}
         self._token_time: dict[int, float] = {}
+        self.arrangement = ArrangementScan(spark, store)
+        #: adaptive chunk size of each creating job (rows per epoch)
+        self._budget: dict[int, float] = {}
         self._samples: dict[int, deque[_RateSample]] = defaultdict(lambda: deque(maxlen=12))
         #: rows each relation read from storage in the last epoch
         self.last_rows_read: dict[str, int] = {}
 
     # --- planning -------------------------------------------------------------------------
 
+    def _budget_of(self, mv: Relation) -> int:
+        assert mv.options is not None
+        return int(self._budget.get(mv.id, mv.options.chunk_rows))
+
+    def _adapt_budget(self, mv: Relation, epoch_seconds: float) -> None:
+        """The RFC's "final way": grow or shrink the chunk so that epoch time stays
+        near the target, within [chunk/4, chunk*20], so a job never slows to a crawl."""
+        assert mv.options is not None
+        target = mv.options.target_epoch_ms / 1000.0
+        if target <= 0 or mv.options.strategy != "arrangement":
+            return
+        factor = min(2.0, max(0.5, target / max(epoch_seconds, 0.05)))
+        base = mv.options.chunk_rows
+        self._budget[mv.id] = min(base * 20.0, max(max(1.0, base / 4),
+                                                   self._budget_of(mv) * factor))
+
     def _chunk_limit(self, mv: Relation, now: float) -> int | None:
+        """Snapshot rows the job may read this epoch: its (adaptive) chunk, capped
+        by the rate limit's tokens; None: unbounded (blocking)."""
         assert mv.options is not None
         opts = mv.options
         if opts.strategy == "blocking":
             return None
+        budget = self._budget_of(mv)
         if opts.rate_limit is None:
-            return opts.chunk_rows
+            self._token_time.pop(mv.id, None)
+            return budget
         if opts.rate_limit == 0:
+            self._token_time.pop(mv.id, None)
             return 0
         last = self._token_time.get(mv.id)
         tokens = self._tokens.get(mv.id, 0.0)
-        tokens = min(float(opts.chunk_rows),
+        tokens = min(float(budget),
                      tokens + (opts.rate_limit if last is None else opts.rate_limit * (now - last)))
         self._token_time[mv.id] = now
         limit = int(tokens)
@@ -91,13 +118,17 @@ class EpochCoordinator:
         return limit
 
     def plan(self) -> dict[str, Any]:
+        """Pin the inputs of the next epoch: DML bound, chunk limits, parallelism."""
         epoch = self.meta.committed_epoch + 1
         staged = self.meta.staged()
         now = time.time()
-        limits = {str(r.id): self._chunk_limit(r, now) for r in self.catalog.all()
-                  if r.kind == "mv" and r.state == "creating"}
+        creating = [r for r in self.catalog.all() if r.kind == "mv" and r.state == "creating"]
+        default_parallelism = self.spark.sparkContext.defaultParallelism
         return {"epoch": epoch, "dml_upto": max((b.seq for b in staged), default=0),
-                "limits": limits}
+                "limits": {str(r.id): self._chunk_limit(r, now) for r in creating},
+                "parallelism": {str(r.id): (r.options.parallelism if r.options
+                                            and r.options.parallelism else default_parallelism)
+                                for r in creating}}
 
     def step(self) -> EpochReport:
         plan = self.plan()
@@ -137,7 +168,8 @@ class EpochCoordinator:
             if scan is not None:
                 cached.extend(scan.cached)
                 chunk_rows[rel.id] = scan.chunk_rows
-                progress.append(state_to_row(rel.id, scan.state, scan.pinned_epoch))
+                progress.extend(scan.progress_rows if scan.progress_rows is not None else
+                                [state_to_row(rel.id, scan.state, scan.pinned_epoch)])
                 if isinstance(scan.state, Done):
                     created.append(rel.id)
             if delta is None:
@@ -170,8 +202,10 @@ class EpochCoordinator:
         self.stager.remove_applied([b.path for b in batches])
         self.last_rows_read = dict(self.store.rows_read)
         self.catalog.reload()
-        for p in progress:
-            self._samples[p.mv_id].append(_RateSample(finished, p.rows))
+        for mv_id in chunk_rows:
+            mv = self.catalog.get_by_id(mv_id)
+            self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))
+            self._adapt_budget(mv, finished - started)
         self._housekeep(epoch, versions)
         changes = {self.catalog.get_by_id(rid).name:
                    c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}
@@ -196,9 +230,19 @@ class EpochCoordinator:
         if rel.state == "created":
             if delta_u is None:
                 return None, None
-            return mv_delta(rel, upstream, delta_u, END, END, None), None
-        state, pinned = state_from_rows(self.meta.progress(rel.id))
+            return mv_delta(rel, upstream, delta_u, F.lit(True), F.lit(True), None), None
         limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows)
+        if rel.options.strategy == "arrangement":
+            progress = VnodeProgress.from_rows(self.meta.progress(rel.id))
+            parallelism = int(plan.get("parallelism", {}).get(str(rel.id), 1))
+            result = self.arrangement.run(rel, upstream, progress, int(limit or 0), parallelism,
+                                          delta_u, epoch)
+            done = result.progress.is_done
+            return result.delta, ScanResult(
+                result.delta, Done(result.progress.rows_done) if done else InProgress(
+                    END, result.progress.rows_done), None, result.chunk_rows, result.cached,
+                result.progress.to_rows(rel.id, since=progress))
+        state, pinned = state_from_rows(self.meta.progress(rel.id))
         scan = self.scan.run(rel, upstream, state, pinned, limit, delta_u, epoch)
         return scan.delta, scan
 
@@ -243,21 +287,34 @@ class EpochCoordinator:
 
     # --- progress -------------------------------------------------------------------------
 
+    def _rows_done(self, mv: Relation) -> int:
+        return sum(r.rows for r in self.meta.progress(mv.id))
+
     def job_progress(self, mv: Relation) -> JobProgress:
         assert mv.options is not None
-        state, _ = state_from_rows(self.meta.progress(mv.id))
-        done = rows_done(state)
+        rows = self.meta.progress(mv.id)
+        done = sum(r.rows for r in rows)
+        vnodes = (VnodeProgress.from_rows(rows).vnodes_done
+                  if mv.options.strategy == "arrangement"
+                  else (256 if rows and rows[0].state == "done" else 0))
         if mv.state == "created":
-            return JobProgress(mv.name, mv.options.strategy, "created", done, done, 0.0, 0.0)
+            return JobProgress(mv.name, mv.options.strategy, "created", done, done, 0.0, 0.0,
+                               vnodes_done=256)
         upstream = self.catalog.get(mv.plan.upstream) if mv.plan else None
         total = max(done, upstream.row_count if upstream else 0)
-        samples = self._samples.get(mv.id)
+        samples = list(self._samples.get(mv.id, ()))
         rate = 0.0
-        if samples and len(samples) >= 2 and samples[-1].at > samples[0].at:
-            rate = max(0.0, (samples[-1].rows - samples[0].rows) / (samples[-1].at - samples[0].at))
+        if len(samples) >= 2 and samples[-1].at > samples[0].at:
+            rate = max(0.0, (samples[-1].rows - samples[0].rows)
+                       / (samples[-1].at - samples[0].at))
+        paused = mv.options.rate_limit == 0
+        recent = samples[-STALL_EPOCHS:]
+        stalled = (not paused and len(recent) == STALL_EPOCHS
+                   and recent[-1].rows == recent[0].rows)
         eta = (total - done) / rate if rate > 0 else None
-        job_state = "backfilling" if isinstance(state, InProgress | NotStarted) else "catching_up"
-        return JobProgress(mv.name, mv.options.strategy, job_state, done, total, rate, eta)
+        state = "paused" if paused else "backfilling"
+        return JobProgress(mv.name, mv.options.strategy, state, done, total, rate, eta,
+                           vnodes_done=vnodes, paused=paused, stalled=stalled)
 
     def jobs(self) -> list[JobProgress]:
         return [self.job_progress(r) for r in self.catalog.all() if r.kind == "mv"]

@@ -41,6 +41,8 @@ from .errors import (
     UnsupportedQuery,
 )
 from .frontend import (
+    AlterMaterializedView,
+    CancelJobs,
     CreateMaterializedView,
     CreateTable,
     Delete,
@@ -284,6 +286,8 @@ class Engine:
             Update: self._update,
             Delete: self._delete_where,
             Query: self._query,
+            AlterMaterializedView: self._alter_mv,
+            CancelJobs: self._cancel_jobs,
         }[type(cmd)]
         return handler(cmd)  # type: ignore[operator]
 
@@ -360,6 +364,27 @@ class Engine:
         self.stager.remove_applied(staged)
         self.coordinator.scan.buffers.pop(rel.id, None)
         self.catalog.reload()
+        return None
+
+    def _alter_mv(self, cmd: AlterMaterializedView) -> None:
+        rel = self.catalog.get(cmd.name)
+        if rel.kind != "mv" or rel.options is None:
+            raise SqlError(f"{cmd.name!r} is a table; ALTER MATERIALIZED VIEW needs an MV")
+        options = rel.options.altered(cmd.option, cmd.value)
+        definition = rel.definition()
+        definition["options"] = options.to_json()
+        with self.meta.transaction() as conn:
+            self.meta.update_definition(conn, rel.id, definition)
+        self.catalog.reload()
+        return None
+
+    def _cancel_jobs(self, cmd: CancelJobs) -> None:
+        rels = [self.catalog.get(n) for n in cmd.names]
+        for rel in rels:
+            if rel.kind != "mv" or rel.state != "creating":
+                raise SqlError(f"{rel.name!r} has no creating job to cancel")
+        for rel in rels:
+            self._drop(Drop("mv", rel.name))
         return None
 
     def _set(self, cmd: SetOption) -> None:

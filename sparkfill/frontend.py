@@ -20,6 +20,7 @@ from .schema import Column, normalize_type_name
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
+    "AlterMaterializedView", "CancelJobs",
     "InsertValues", "Update", "Delete", "Query", "parse_statement",
 ]
 
@@ -56,6 +57,18 @@ class Drop(Command):
 class SetOption(Command):
     name: str
     value: Any  # None: DEFAULT
+
+
+@dataclass
+class AlterMaterializedView(Command):
+    name: str
+    option: str
+    value: Any  # None: DEFAULT
+
+
+@dataclass
+class CancelJobs(Command):
+    names: list[str]
 
 
 @dataclass
@@ -96,6 +109,11 @@ _CREATE_MV = re.compile(
 )
 _SET = re.compile(r"^\s*SET\s+(?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*(=|TO)\s*(?P<value>.+?)\s*;?\s*$",
                   re.IGNORECASE | re.DOTALL)
+_ALTER = re.compile(
+    r"^\s*ALTER\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s+SET\s+"
+    r"(?P<option>[A-Za-z_][A-Za-z0-9_]*)\s*(=|TO)\s*(?P<value>.+?)\s*;?\s*$",
+    re.IGNORECASE | re.DOTALL)
+_CANCEL = re.compile(r"^\s*CANCEL\s+JOBS?\s+(?P<names>.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _SHOW = re.compile(r"^\s*SHOW\s+(?P<what>TABLES|MATERIALIZED\s+VIEWS|JOBS)\s*;?\s*$",
                    re.IGNORECASE)
 
@@ -253,6 +271,15 @@ def parse_statement(sql: str) -> Command:
     m = _CREATE_MV.match(sql)
     if m:
         return _parse_create_mv(m)
+    m = _ALTER.match(sql)
+    if m:
+        option = m.group("option").lower()
+        return AlterMaterializedView(m.group("name").strip("`"), option,
+                                     validate_option(option, _literal(m.group("value"))))
+    m = _CANCEL.match(sql)
+    if m:
+        names = [n.strip().strip("`") for n in m.group("names").split(",") if n.strip()]
+        return CancelJobs(names)
     m = _SHOW.match(sql)
     if m:
         return Show(" ".join(m.group("what").lower().split()))

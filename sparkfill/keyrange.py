@@ -24,7 +24,10 @@ from .schema import (
     encode_key_value,
 )
 
-__all__ = ["Position", "END", "le", "gt", "between", "position_struct", "LAST_VNODE"]
+__all__ = [
+    "Position", "END", "le", "gt", "between", "position_struct", "key_struct", "covered",
+    "LAST_VNODE",
+]
 
 LAST_VNODE = VNODE_COUNT - 1
 
@@ -64,6 +67,34 @@ def position_struct(key_columns: Sequence[Column]) -> SparkColumn:
         e.alias(f"k{i}") for i, e in enumerate(_key_exprs(key_columns))
     ]
     return F.struct(*exprs)
+
+
+def key_struct(key_columns: Sequence[Column]) -> SparkColumn:
+    """The key as a struct ordered like the key order (fields ``k0..kn``)."""
+    return F.struct(*[e.cast(_comparable_type(c)).alias(f"k{i}")
+                      for i, (e, c) in enumerate(zip(_key_exprs(key_columns), key_columns,
+                                                     strict=True))])
+
+
+def _comparable_type(c: Column) -> str:
+    return "bigint" if c.type.startswith("timestamp") else c.type
+
+
+def _key_literal(key: tuple[Any, ...], key_columns: Sequence[Column]) -> SparkColumn:
+    return F.struct(*[F.lit(v).cast(_comparable_type(c)).alias(f"k{i}")
+                      for i, (v, c) in enumerate(zip(key, key_columns, strict=True))])
+
+
+def covered(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
+            key_columns: Sequence[Column]) -> SparkColumn:
+    """Rows whose vnode is in ``done``, or at or below their vnode's position."""
+    cond: SparkColumn = F.col(VNODE).isin(*done) if done else F.lit(False)
+    if positions:
+        bounds = F.create_map(*[x for v, key in sorted(positions.items())
+                                for x in (F.lit(v), _key_literal(key, key_columns))])
+        below = key_struct(key_columns) <= F.element_at(bounds, F.col(VNODE))
+        cond = cond | (F.col(VNODE).isin(*positions) & below)
+    return cond
 
 
 def le(pos: Position | None, key_columns: Sequence[Column]) -> SparkColumn:

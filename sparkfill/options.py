@@ -6,18 +6,25 @@ here; unknown names and bad values raise ``InvalidOption`` naming both.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import InvalidOption
 
-__all__ = ["BackfillOptions", "STRATEGIES", "OPTION_NAMES", "validate_option", "resolve_options"]
+__all__ = [
+    "BackfillOptions", "STRATEGIES", "OPTION_NAMES", "ALTERABLE", "validate_option",
+    "resolve_options",
+]
 
-STRATEGIES = ("no_shuffle", "blocking", "buffer")
-DEFAULT_STRATEGY = "no_shuffle"
+STRATEGIES = ("arrangement", "no_shuffle", "blocking", "buffer")
+DEFAULT_STRATEGY = "arrangement"
 DEFAULT_CHUNK_ROWS = 10_000
+DEFAULT_TARGET_EPOCH_MS = 5_000
 
-OPTION_NAMES = ("backfill", "backfill_chunk_rows", "backfill_rate_limit")
+OPTION_NAMES = ("backfill", "backfill_chunk_rows", "backfill_rate_limit",
+                "backfill_parallelism", "backfill_target_epoch_ms")
+#: options ALTER MATERIALIZED VIEW ... SET can change while the job runs
+ALTERABLE = ("backfill_rate_limit", "backfill_parallelism", "backfill_target_epoch_ms")
 
 
 @dataclass(frozen=True)
@@ -25,14 +32,33 @@ class BackfillOptions:
     strategy: str = DEFAULT_STRATEGY
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     rate_limit: int | None = None  # snapshot rows per second; None: unlimited
+    parallelism: int | None = None  # Spark tasks per chunk read; None: Spark's default
+    #: adaptive chunk: grow or shrink the chunk to keep epochs near this; 0: fixed chunk
+    target_epoch_ms: int = DEFAULT_TARGET_EPOCH_MS
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> BackfillOptions:
-        return BackfillOptions(d["strategy"], int(d["chunk_rows"]),
-                               None if d.get("rate_limit") is None else int(d["rate_limit"]))
+        def opt(name: str) -> int | None:
+            return None if d.get(name) is None else int(d[name])
+        return BackfillOptions(d["strategy"], int(d["chunk_rows"]), opt("rate_limit"),
+                               opt("parallelism"),
+                               int(d.get("target_epoch_ms", DEFAULT_TARGET_EPOCH_MS)))
+
+    def altered(self, name: str, value: Any) -> BackfillOptions:
+        """These options with one alterable option set (None: its default)."""
+        key = name.lower()
+        if key not in ALTERABLE:
+            raise InvalidOption(f"option {name!r} cannot be altered on a running job; "
+                                f"alterable: {', '.join(ALTERABLE)}")
+        value = validate_option(key, value)
+        if key == "backfill_rate_limit":
+            return replace(self, rate_limit=value)
+        if key == "backfill_parallelism":
+            return replace(self, parallelism=value)
+        return replace(self, target_epoch_ms=DEFAULT_TARGET_EPOCH_MS if value is None else value)
 
 
 def _as_int(name: str, value: Any, minimum: int) -> int:
@@ -60,7 +86,7 @@ def validate_option(name: str, value: Any) -> Any:
             raise InvalidOption(
                 f"unknown backfill strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
         return strategy
-    if key == "backfill_chunk_rows":
+    if key in ("backfill_chunk_rows", "backfill_parallelism"):
         return _as_int(key, value, 1)
     return _as_int(key, value, 0)
 
@@ -75,4 +101,7 @@ def resolve_options(session: dict[str, Any], given: dict[str, Any]) -> BackfillO
         strategy=merged.get("backfill") or DEFAULT_STRATEGY,
         chunk_rows=merged.get("backfill_chunk_rows") or DEFAULT_CHUNK_ROWS,
         rate_limit=merged.get("backfill_rate_limit"),
+        parallelism=merged.get("backfill_parallelism"),
+        target_epoch_ms=(DEFAULT_TARGET_EPOCH_MS if merged.get("backfill_target_epoch_ms") is None
+                         else merged["backfill_target_epoch_ms"]),
     )

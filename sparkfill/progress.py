@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["JobProgress", "EpochReport", "JOB_STATES"]
 
-#: The states of a job, in the order a job goes through them.
-JOB_STATES = ("queued", "backfilling", "catching_up", "created")
+#: The states of a job, in the order a job goes through them ("paused": rate limit 0).
+JOB_STATES = ("queued", "backfilling", "paused", "catching_up", "created")
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class JobProgress:
     rows_total_estimate: int
     rows_per_second: float
     eta_seconds: float | None
+    vnodes_done: int = 0
+    paused: bool = False
+    #: no progress for several epochs while not paused
+    stalled: bool = False
 
     @property
     def fraction_done(self) -> float:

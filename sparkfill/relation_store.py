@@ -186,9 +186,11 @@ class RelationStore:
         epoch: int,
         after: Position | None = None,
         vnode_hi: int | None = None,
+        vnodes: Sequence[int] | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
-        ``after`` and vnodes ``<= vnode_hi``."""
+        ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
+        whose vnode range can hold such rows are read."""
         files = self.files_at(rel, epoch)
         lo_v = after.vnode if after is not None else 0
         hi_v = vnode_hi if vnode_hi is not None else 255
@@ -196,6 +198,11 @@ class RelationStore:
         cond = gt(after, rel.key_columns)
         if vnode_hi is not None:
             cond = cond & (F.col(VNODE) <= F.lit(vnode_hi))
+        if vnodes is not None:
+            wanted = sorted(set(vnodes))
+            selected = [f for f in selected
+                        if any(f.vnode_min <= v <= f.vnode_max for v in wanted)]
+            cond = cond & F.col(VNODE).isin(*wanted)
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]

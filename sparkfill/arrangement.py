@@ -1,0 +1,163 @@
+"""Arrangement backfill: one backfill position per vnode.
+
+Invariant: with ``covered(P)`` the keys whose vnode is done, or at or below its
+vnode's position in progress ``P``, after every epoch
+``MV(e) = Q(U(e) ∩ covered(P_e))``. Each epoch reads, from ``snapshot(e-1)``, the
+next rows of a set of *active* vnodes (at most a quota each, so a chunk is a
+bounded number of rows), in as many Spark tasks as the job's parallelism; a
+vnode whose read came back short of its quota is done. Progress is per vnode —
+``NotStarted``, ``InProgress(pos, rows)``, ``Done(rows)`` — so it does not depend
+on how many tasks read it: the parallelism can change between epochs and after
+a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from .backfill import BackfillState, Done, InProgress, NotStarted, mv_delta
+from .catalog import Relation
+from .keyrange import Position, covered, position_struct
+from .meta_store import ProgressRow
+from .relation_store import RelationStore
+from .schema import VNODE, VNODE_COUNT
+
+__all__ = ["VnodeProgress", "ArrangementScan", "ArrangementResult"]
+
+
+@dataclass(frozen=True)
+class VnodeProgress:
+    """The backfill state of each of the 256 vnodes."""
+
+    states: tuple[BackfillState, ...]
+
+    @staticmethod
+    def new() -> VnodeProgress:
+        return VnodeProgress(tuple(NotStarted() for _ in range(VNODE_COUNT)))
+
+    @staticmethod
+    def from_rows(rows: Sequence[ProgressRow]) -> VnodeProgress:
+        states: list[BackfillState] = [NotStarted() for _ in range(VNODE_COUNT)]
+        for r in rows:
+            if not 0 <= r.vnode < VNODE_COUNT:
+                continue
+            if r.state == "in_progress":
+                states[r.vnode] = InProgress(Position.from_json(r.pos), r.rows)
+            elif r.state == "done":
+                states[r.vnode] = Done(r.rows)
+        return VnodeProgress(tuple(states))
+
+    def to_rows(self, mv_id: int, since: VnodeProgress | None = None) -> list[ProgressRow]:
+        """Rows of the vnodes that changed since ``since`` (all when None)."""
+        rows = []
+        for v, s in enumerate(self.states):
+            if since is not None and since.states[v] == s:
+                continue
+            if isinstance(s, InProgress):
+                rows.append(ProgressRow(mv_id, 0, v, "in_progress", s.pos.to_json(), s.rows,
+                                        None))
+            elif isinstance(s, Done):
+                rows.append(ProgressRow(mv_id, 0, v, "done", None, s.rows, None))
+            else:
+                rows.append(ProgressRow(mv_id, 0, v, "not_started", None, 0, None))
+        return rows
+
+    @property
+    def rows_done(self) -> int:
+        return sum(0 if isinstance(s, NotStarted) else s.rows for s in self.states)
+
+    @property
+    def vnodes_done(self) -> int:
+        return sum(isinstance(s, Done) for s in self.states)
+
+    @property
+    def is_done(self) -> bool:
+        return self.vnodes_done == VNODE_COUNT
+
+    def covered(self, upstream: Relation) -> F.Column:
+        done = [v for v, s in enumerate(self.states) if isinstance(s, Done)]
+        positions = {v: s.pos.key for v, s in enumerate(self.states)
+                     if isinstance(s, InProgress) and s.pos.key is not None}
+        return covered(done, positions, upstream.stored.key_columns)
+
+
+def choose_active(progress: VnodeProgress, estimate: Sequence[float], budget: int,
+                  parallelism: int) -> list[int]:
+    """The vnodes to read this epoch: pending vnodes in order until their estimated
+    remaining rows cover the budget, and at least ``parallelism`` of them."""
+    active: list[int] = []
+    acc = 0.0
+    for v, s in enumerate(progress.states):
+        if isinstance(s, Done):
+            continue
+        remaining = max(1.0, estimate[v] - (s.rows if isinstance(s, InProgress) else 0))
+        active.append(v)
+        acc += remaining
+        if acc >= budget * 1.25 and len(active) >= parallelism:
+            break
+    return active
+
+
+@dataclass
+class ArrangementResult:
+    delta: DataFrame | None
+    progress: VnodeProgress
+    chunk_rows: int
+    cached: list[DataFrame]
+
+
+class ArrangementScan:
+    def __init__(self, spark: SparkSession, store: RelationStore) -> None:
+        self.spark = spark
+        self.store = store
+
+    def run(self, mv: Relation, upstream: Relation, progress: VnodeProgress, budget: int,
+            parallelism: int, delta_u: DataFrame | None, epoch: int) -> ArrangementResult:
+        new_progress, chunk, n = progress, None, 0
+        if budget > 0 and not progress.is_done:
+            new_progress, chunk, n = self._read(upstream, progress, budget, parallelism,
+                                                epoch - 1)
+        delta = mv_delta(mv, upstream, delta_u, progress.covered(upstream),
+                         new_progress.covered(upstream), chunk)
+        return ArrangementResult(delta, new_progress, n, [] if chunk is None else [chunk])
+
+    def _read(self, upstream: Relation, progress: VnodeProgress, budget: int,
+              parallelism: int, epoch: int) -> tuple[VnodeProgress, DataFrame, int]:
+        """Read the next rows of the active vnodes of ``snapshot(epoch)``."""
+        up = upstream.stored
+        estimate = self.store.estimate_rows_by_vnode(up, epoch, upstream.row_count)
+        active = choose_active(progress, estimate, budget, parallelism)
+        quota = max(1, math.ceil(budget / len(active)))
+        rows = self.store.snapshot(up, epoch, vnodes=active)
+        started = {v: s.pos.key for v in active
+                   if isinstance(s := progress.states[v], InProgress) and s.pos.key is not None}
+        if started:
+            rows = rows.where(~covered([], started, up.key_columns))
+        order = Window.partitionBy(VNODE).orderBy(*up.key)
+        chunk = (rows.repartition(max(1, parallelism), VNODE)
+                 .withColumn("_sf_rn", F.row_number().over(order))
+                 .where(F.col("_sf_rn") <= quota).drop("_sf_rn")
+                 .persist(StorageLevel.MEMORY_AND_DISK))
+        stats = {int(r["v"]): (int(r["n"]), r["last"]) for r in chunk.groupBy(
+            F.col(VNODE).alias("v")).agg(F.count(F.lit(1)).alias("n"),
+                                         F.max(position_struct(up.key_columns)).alias("last"),
+                                         ).collect()}
+        states = list(progress.states)
+        total = 0
+        for v in active:
+            n_v, last = stats.get(v, (0, None))
+            total += n_v
+            before = states[v]
+            done_rows = 0 if isinstance(before, NotStarted) else before.rows
+            if n_v < quota:
+                states[v] = Done(done_rows + n_v)
+            else:
+                key = tuple(last[f"k{i}"] for i in range(len(up.key)))
+                states[v] = InProgress(Position(v, key), done_rows + n_v)
+        return VnodeProgress(tuple(states)), chunk, total
