@@ -8,6 +8,7 @@ the warehouse as its writer.
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import sys
 from pathlib import Path
@@ -28,12 +29,21 @@ def _status(warehouse: Path, console: Console) -> int:
     conn = sqlite3.connect(f"file:{meta}?mode=ro", uri=True)
     committed = conn.execute("SELECT value FROM kv WHERE key = 'committed_epoch'").fetchone()
     console.print(f"warehouse {warehouse}: committed epoch {committed[0] if committed else 0}")
-    table = Table("name", "kind", "state", "rows", "backfilled rows")
-    for rel_id, name, kind, state, rows in conn.execute(
-            "SELECT id, name, kind, state, row_count FROM relations ORDER BY id"):
-        done = conn.execute("SELECT COALESCE(SUM(rows), 0) FROM backfill_progress "
-                            "WHERE mv_id = ?", (rel_id,)).fetchone()[0]
-        table.add_row(name, kind, state, f"{rows:,}", f"{done:,}" if kind == "mv" else "")
+    table = Table("name", "kind", "strategy", "state", "rows", "backfilled rows", "vnodes done")
+    for rel_id, name, kind, state, rows, definition in conn.execute(
+            "SELECT id, name, kind, state, row_count, definition FROM relations ORDER BY id"):
+        options = json.loads(definition).get("options") or {}
+        done, vnodes = conn.execute(
+            "SELECT COALESCE(SUM(rows), 0), COALESCE(SUM(state = 'done' AND vnode >= 0), 0) "
+            "FROM backfill_progress WHERE mv_id = ?", (rel_id,)).fetchone()
+        if kind == "mv" and state == "creating":
+            state = "paused" if options.get("rate_limit") == 0 else "backfilling"
+            if options.get("strategy") != "arrangement":
+                vnodes = 256 if state == "created" else 0
+        elif kind == "mv":
+            vnodes = 256
+        table.add_row(name, kind, options.get("strategy", ""), state, f"{rows:,}",
+                      f"{done:,}" if kind == "mv" else "", str(vnodes) if kind == "mv" else "")
     console.print(table)
     conn.close()
     return 0
