@@ -72,11 +72,30 @@ class EpochCoordinator:
         self.arrangement = ArrangementScan(spark, store)
         #: adaptive chunk size of each creating job (rows per epoch)
         self._budget: dict[int, float] = {}
+        #: rows each relation's last Δ inserted (``+``): the inflow a backfill must outpace
+        self._inserted: dict[int, int] = {}
         self._samples: dict[int, deque[_RateSample]] = defaultdict(lambda: deque(maxlen=12))
         #: rows each relation read from storage in the last epoch
         self.last_rows_read: dict[str, int] = {}
 
     # --- planning -------------------------------------------------------------------------
+
+    def queued(self) -> set[int]:
+        """Creating jobs waiting for a slot (``max_concurrent_creating_jobs``), the
+        later ones in creation order."""
+        limit = self.meta.get("max_concurrent_creating_jobs")
+        if limit is None:
+            return set()
+        waiting = []
+        slots = int(limit)
+        for r in self.catalog.all():
+            if r.kind != "mv" or r.state != "creating":
+                continue
+            if any(p.state != "not_started" for p in self.meta.progress(r.id)):
+                slots -= 1  # a started job keeps its slot: its MV already holds rows
+            else:
+                waiting.append(r.id)
+        return set(waiting[max(0, slots):])
 
     def _budget_of(self, mv: Relation) -> int:
         assert mv.options is not None
@@ -94,6 +113,24 @@ class EpochCoordinator:
         self._budget[mv.id] = min(base * 20.0, max(max(1.0, base / 4),
                                                    self._budget_of(mv) * factor))
 
+    def _liveness_rows(self, mv: Relation) -> int:
+        """Extra snapshot rows so a job outpaces the upstream's inserts into the range
+        it has not covered yet (twice the last epoch's inflow into that range): the
+        remaining rows then shrink every epoch, however fast the upstream writes."""
+        assert mv.plan is not None
+        upstream = self.catalog.get(mv.plan.upstream)
+        inserted = self._inserted.get(upstream.id, 0)
+        if not inserted:
+            return 0
+        rows = self.meta.progress(mv.id)
+        if all(r.state == "not_started" for r in rows):
+            return 0  # the last epoch's inflow predates the job: its snapshot holds it
+        if mv.options is not None and mv.options.strategy == "arrangement":
+            pending = 1.0 - VnodeProgress.from_rows(rows).vnodes_done / 256
+        else:
+            pending = 1.0
+        return int(2 * inserted * pending)
+
     def _chunk_limit(self, mv: Relation, now: float) -> int | None:
         """Snapshot rows the job may read this epoch: its (adaptive) chunk, capped
         by the rate limit's tokens; None: unbounded (blocking)."""
@@ -104,7 +141,7 @@ class EpochCoordinator:
         budget = self._budget_of(mv)
         if opts.rate_limit is None:
             self._token_time.pop(mv.id, None)
-            return budget
+            return budget + self._liveness_rows(mv)
         if opts.rate_limit == 0:
             self._token_time.pop(mv.id, None)
             return 0
@@ -122,13 +159,16 @@ class EpochCoordinator:
         epoch = self.meta.committed_epoch + 1
         staged = self.meta.staged()
         now = time.time()
-        creating = [r for r in self.catalog.all() if r.kind == "mv" and r.state == "creating"]
+        queued = self.queued()
+        creating = [r for r in self.catalog.all()
+                    if r.kind == "mv" and r.state == "creating" and r.id not in queued]
         default_parallelism = self.spark.sparkContext.defaultParallelism
         return {"epoch": epoch, "dml_upto": max((b.seq for b in staged), default=0),
                 "limits": {str(r.id): self._chunk_limit(r, now) for r in creating},
                 "parallelism": {str(r.id): (r.options.parallelism if r.options
                                             and r.options.parallelism else default_parallelism)
-                                for r in creating}}
+                                for r in creating},
+                "queued": sorted(queued)}
 
     def step(self) -> EpochReport:
         plan = self.plan()
@@ -188,6 +228,8 @@ class EpochCoordinator:
                 rows = sum(counts[rel.id].values())
                 versions[rel.id] = self.store.append(rel.stored, epoch, deltas[rel.id], rows)
 
+        self._inserted = {rid: c.get("+", 0) for rid, c in counts.items()}
+
         # phase 4: commit the epoch
         finished = time.time()
         self.meta.commit_epoch(EpochCommit(
@@ -231,6 +273,8 @@ class EpochCoordinator:
             if delta_u is None:
                 return None, None
             return mv_delta(rel, upstream, delta_u, F.lit(True), F.lit(True), None), None
+        if rel.id in plan.get("queued", []):
+            return None, None
         limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows)
         if rel.options.strategy == "arrangement":
             progress = VnodeProgress.from_rows(self.meta.progress(rel.id))
@@ -312,7 +356,8 @@ class EpochCoordinator:
         stalled = (not paused and len(recent) == STALL_EPOCHS
                    and recent[-1].rows == recent[0].rows)
         eta = (total - done) / rate if rate > 0 else None
-        state = "paused" if paused else "backfilling"
+        state = ("queued" if mv.id in self.queued() else "paused" if paused
+                 else "backfilling")
         return JobProgress(mv.name, mv.options.strategy, state, done, total, rate, eta,
                            vnodes_done=vnodes, paused=paused, stalled=stalled)
 

@@ -56,7 +56,7 @@ from .frontend import (
 )
 from .lock import WriterLock
 from .meta_store import MetaStore
-from .options import resolve_options
+from .options import WAREHOUSE_OPTIONS, resolve_options
 from .planner import check_supported, from_table, plan_materialized_view
 from .progress import EpochReport
 from .relation_store import RelationStore
@@ -388,6 +388,13 @@ class Engine:
         return None
 
     def _set(self, cmd: SetOption) -> None:
+        if cmd.name in WAREHOUSE_OPTIONS:
+            with self.meta.transaction() as conn:
+                if cmd.value is None:
+                    conn.execute("DELETE FROM kv WHERE key = ?", (cmd.name,))
+                else:
+                    self.meta.put(conn, cmd.name, str(cmd.value))
+            return None
         if cmd.value is None:
             self._session_options.pop(cmd.name, None)
         else:

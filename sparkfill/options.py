@@ -12,7 +12,8 @@ from typing import Any
 from .errors import InvalidOption
 
 __all__ = [
-    "BackfillOptions", "STRATEGIES", "OPTION_NAMES", "ALTERABLE", "validate_option",
+    "BackfillOptions", "STRATEGIES", "OPTION_NAMES", "ALTERABLE", "WAREHOUSE_OPTIONS",
+    "validate_option",
     "resolve_options",
 ]
 
@@ -22,7 +23,10 @@ DEFAULT_CHUNK_ROWS = 10_000
 DEFAULT_TARGET_EPOCH_MS = 5_000
 
 OPTION_NAMES = ("backfill", "backfill_chunk_rows", "backfill_rate_limit",
-                "backfill_parallelism", "backfill_target_epoch_ms")
+                "backfill_parallelism", "backfill_target_epoch_ms",
+                "max_concurrent_creating_jobs")
+#: options of the warehouse (persisted), not of one MV
+WAREHOUSE_OPTIONS = ("max_concurrent_creating_jobs",)
 #: options ALTER MATERIALIZED VIEW ... SET can change while the job runs
 ALTERABLE = ("backfill_rate_limit", "backfill_parallelism", "backfill_target_epoch_ms")
 
@@ -86,7 +90,7 @@ def validate_option(name: str, value: Any) -> Any:
             raise InvalidOption(
                 f"unknown backfill strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
         return strategy
-    if key in ("backfill_chunk_rows", "backfill_parallelism"):
+    if key in ("backfill_chunk_rows", "backfill_parallelism", "max_concurrent_creating_jobs"):
         return _as_int(key, value, 1)
     return _as_int(key, value, 0)
 
@@ -96,6 +100,8 @@ def resolve_options(session: dict[str, Any], given: dict[str, Any]) -> BackfillO
     merged: dict[str, Any] = {}
     for source in (session, given):
         for name, value in source.items():
+            if name.lower() in WAREHOUSE_OPTIONS:
+                raise InvalidOption(f"{name} is a warehouse setting: use SET {name} = N")
             merged[name.lower()] = validate_option(name, value)
     return BackfillOptions(
         strategy=merged.get("backfill") or DEFAULT_STRATEGY,
