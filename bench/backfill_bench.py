@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.time()
         eng.step()
         results["load_seconds"] = time.time() - t0
-        for strategy in args.strategies:
+        for spec in args.strategies:
+            strategy, _, par = spec.partition(":")
+            extra = f", backfill_parallelism = {par}" if par else ""
             before = []
             for _ in range(args.baseline_epochs):
                 dml(eng, rng, args.dml_rows, id_space)
@@ -100,10 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             mem.reset()
             mem.sample()
             start_driver, start_jvm = mem.sample()
-            name = f"mv_{strategy}"
+            name = f"mv_{strategy}_{par or 'd'}"
             created = time.time()
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = '{strategy}', "
-                    f"backfill_chunk_rows = {args.chunk_rows}) AS {MV_SQL}")
+                    f"backfill_chunk_rows = {args.chunk_rows}{extra}) AS {MV_SQL}")
             during: list[float] = []
             reads: list[int] = []
             chunks: list[int] = []
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             mv = eng.read(name, as_of=epoch)
             exact = batch.exceptAll(mv).count() == 0 and mv.exceptAll(batch).count() == 0
             shutil.rmtree(out, ignore_errors=True)
-            results["strategies"][strategy] = {
+            results["strategies"][spec] = {
                 "epochs": len(during),
                 "epoch_p50_before": statistics.median(before),
                 "epoch_p99_before": p(before, 0.99),
@@ -150,7 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "chunk_rows_median": statistics.median(chunks),
                 "exact": exact,
             }
-            print(json.dumps({strategy: results["strategies"][strategy]}, indent=1))
+            print(json.dumps({spec: results["strategies"][spec]}, indent=1))
             eng.sql(f"DROP MATERIALIZED VIEW {name}")
         eng.close()
     finally:
@@ -205,7 +207,10 @@ def main() -> int:
     parser.add_argument("--dml-rows", type=int, default=2_000)
     parser.add_argument("--chunk-rows", type=int, default=100_000)
     parser.add_argument("--baseline-epochs", type=int, default=5)
-    parser.add_argument("--strategies", nargs="+", default=["no_shuffle", "blocking", "buffer"])
+    parser.add_argument("--strategies", nargs="+",
+                        default=["arrangement:1", "arrangement:2", "no_shuffle", "blocking",
+                                 "buffer"],
+                        help="strategy[:backfill_parallelism] ...")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--driver-memory", default="4g")

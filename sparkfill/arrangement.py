@@ -21,10 +21,11 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .backfill import BackfillState, Done, InProgress, NotStarted, mv_delta
+from .backfill import BackfillState, Done, InProgress, NotStarted, leaf_change
 from .catalog import Relation
 from .keyrange import Position, covered, position_struct
 from .meta_store import ProgressRow
+from .operators import Change
 from .relation_store import RelationStore
 from .schema import VNODE, VNODE_COUNT
 
@@ -53,19 +54,20 @@ class VnodeProgress:
                 states[r.vnode] = Done(r.rows)
         return VnodeProgress(tuple(states))
 
-    def to_rows(self, mv_id: int, since: VnodeProgress | None = None) -> list[ProgressRow]:
+    def to_rows(self, mv_id: int, since: VnodeProgress | None = None,
+                leaf: int = 0) -> list[ProgressRow]:
         """Rows of the vnodes that changed since ``since`` (all when None)."""
         rows = []
         for v, s in enumerate(self.states):
             if since is not None and since.states[v] == s:
                 continue
             if isinstance(s, InProgress):
-                rows.append(ProgressRow(mv_id, 0, v, "in_progress", s.pos.to_json(), s.rows,
+                rows.append(ProgressRow(mv_id, leaf, v, "in_progress", s.pos.to_json(), s.rows,
                                         None))
             elif isinstance(s, Done):
-                rows.append(ProgressRow(mv_id, 0, v, "done", None, s.rows, None))
+                rows.append(ProgressRow(mv_id, leaf, v, "done", None, s.rows, None))
             else:
-                rows.append(ProgressRow(mv_id, 0, v, "not_started", None, 0, None))
+                rows.append(ProgressRow(mv_id, leaf, v, "not_started", None, 0, None))
         return rows
 
     @property
@@ -106,7 +108,7 @@ def choose_active(progress: VnodeProgress, estimate: Sequence[float], budget: in
 
 @dataclass
 class ArrangementResult:
-    delta: DataFrame | None
+    change: Change | None
     progress: VnodeProgress
     chunk_rows: int
     cached: list[DataFrame]
@@ -117,15 +119,15 @@ class ArrangementScan:
         self.spark = spark
         self.store = store
 
-    def run(self, mv: Relation, upstream: Relation, progress: VnodeProgress, budget: int,
+    def run(self, upstream: Relation, progress: VnodeProgress, budget: int,
             parallelism: int, delta_u: DataFrame | None, epoch: int) -> ArrangementResult:
         new_progress, chunk, n = progress, None, 0
         if budget > 0 and not progress.is_done:
             new_progress, chunk, n = self._read(upstream, progress, budget, parallelism,
                                                 epoch - 1)
-        delta = mv_delta(mv, upstream, delta_u, progress.covered(upstream),
-                         new_progress.covered(upstream), chunk)
-        return ArrangementResult(delta, new_progress, n, [] if chunk is None else [chunk])
+        change = leaf_change(upstream, delta_u, progress.covered(upstream),
+                             new_progress.covered(upstream), chunk)
+        return ArrangementResult(change, new_progress, n, [] if chunk is None else [chunk])
 
     def _read(self, upstream: Relation, progress: VnodeProgress, budget: int,
               parallelism: int, epoch: int) -> tuple[VnodeProgress, DataFrame, int]:

@@ -33,15 +33,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
-from .changelog import after_images, before_images, consolidate
+from .changelog import after_images, before_images
 from .keyrange import END, LAST_VNODE, Position, le, position_struct
 from .meta_store import ProgressRow
+from .operators import Change
 from .relation_store import BEFORE_OPS, LIVE_OPS, RelationStore
 from .schema import OP, VNODE
 
 __all__ = [
     "NotStarted", "InProgress", "Done", "BackfillState", "state_to_row", "state_from_rows",
-    "ScanResult", "BackfillScan", "mv_delta", "pick_vnode_hi",
+    "ScanResult", "BackfillScan", "leaf_change", "pick_vnode_hi",
 ]
 
 
@@ -67,13 +68,14 @@ BackfillState = NotStarted | InProgress | Done
 WHOLE_ORDER = -1
 
 
-def state_to_row(mv_id: int, state: BackfillState, pinned_epoch: int | None) -> ProgressRow:
+def state_to_row(mv_id: int, state: BackfillState, pinned_epoch: int | None,
+                 leaf: int = 0) -> ProgressRow:
     if isinstance(state, NotStarted):
-        return ProgressRow(mv_id, 0, WHOLE_ORDER, "not_started", None, 0, pinned_epoch)
+        return ProgressRow(mv_id, leaf, WHOLE_ORDER, "not_started", None, 0, pinned_epoch)
     if isinstance(state, InProgress):
-        return ProgressRow(mv_id, 0, WHOLE_ORDER, "in_progress", state.pos.to_json(), state.rows,
-                           pinned_epoch)
-    return ProgressRow(mv_id, 0, WHOLE_ORDER, "done", None, state.rows, pinned_epoch)
+        return ProgressRow(mv_id, leaf, WHOLE_ORDER, "in_progress", state.pos.to_json(),
+                           state.rows, pinned_epoch)
+    return ProgressRow(mv_id, leaf, WHOLE_ORDER, "done", None, state.rows, pinned_epoch)
 
 
 def state_from_rows(rows: Sequence[ProgressRow]) -> tuple[BackfillState, int | None]:
@@ -107,20 +109,20 @@ def pick_vnode_hi(rows_by_vnode: Sequence[float], pos: Position | None, limit: i
     return LAST_VNODE
 
 
-def mv_delta(mv: Relation, upstream: Relation, delta_u: DataFrame | None,
-             covered_before: SparkColumn, covered_after: SparkColumn,
-             chunk: DataFrame | None) -> DataFrame | None:
-    """Δ(MV) for one epoch: the upstream's changes to keys covered after this
-    epoch, plus the chunk (newly covered keys) read from the previous snapshot.
+def leaf_change(upstream: Relation, delta_u: DataFrame | None,
+                covered_before: SparkColumn, covered_after: SparkColumn,
+                chunk: DataFrame | None) -> Change | None:
+    """The change of a leaf's visible rows this epoch: the upstream's changes to
+    keys covered after this epoch, plus the chunk (newly covered keys) read from
+    the previous snapshot.
 
     Before-images count only where the MV already holds the key
     (``covered_before``); after-images count where the key is covered after this
     epoch (``covered_after``); chunk rows count unless the epoch changed their key.
     """
-    assert mv.plan is not None
     if delta_u is None and chunk is None:
         return None
-    up_cols = [c.name for c in upstream.columns] + [VNODE]
+    up_cols = [c.name for c in upstream.columns]
     afters: list[DataFrame] = []
     before: DataFrame | None = None
     if delta_u is not None:
@@ -134,10 +136,7 @@ def mv_delta(mv: Relation, upstream: Relation, delta_u: DataFrame | None,
     after = afters[0]
     for extra in afters[1:]:
         after = after.unionByName(extra)
-    mv_after = mv.plan.apply(after, mv.columns)
-    names = [c.name for c in mv.columns]
-    mv_before = mv_after.limit(0) if before is None else mv.plan.apply(before, mv.columns)
-    return consolidate(mv_before, mv_after, names, mv.key)
+    return Change(after.limit(0) if before is None else before, after)
 
 
 def position_covered(pos: Position | None, upstream: Relation) -> SparkColumn:
@@ -147,7 +146,7 @@ def position_covered(pos: Position | None, upstream: Relation) -> SparkColumn:
 
 @dataclass
 class ScanResult:
-    delta: DataFrame | None
+    change: Change | None
     state: BackfillState
     pinned_epoch: int | None
     chunk_rows: int
@@ -163,7 +162,12 @@ class BackfillScan:
         self.spark = spark
         self.store = store
         #: buffer strategy: the upstream changes held in memory, per MV
-        self.buffers: dict[int, list[pa.Table]] = {}
+        self.buffers: dict[tuple[int, int], list[pa.Table]] = {}
+
+    def forget(self, mv_id: int) -> None:
+        """Drop what the buffer strategy holds for an MV (cancelled or restarted)."""
+        for k in [k for k in self.buffers if k[0] == mv_id]:
+            del self.buffers[k]
 
     def _chunk(self, upstream: Relation, epoch: int, pos: Position | None,
                limit: int | None, live_rows: int | None = None,
@@ -193,7 +197,7 @@ class BackfillScan:
             new_pos = Position(hi, None)
         return chunk, new_pos, n
 
-    def run(self, mv: Relation, upstream: Relation, state: BackfillState,
+    def run(self, mv: Relation, leaf: int, upstream: Relation, state: BackfillState,
             pinned_epoch: int | None, limit: int | None, delta_u: DataFrame | None,
             epoch: int) -> ScanResult:
         assert mv.options is not None
@@ -201,47 +205,47 @@ class BackfillScan:
         pos = state.pos if isinstance(state, InProgress) else None
         done_rows = rows_done(state)
         if strategy == "buffer":
-            return self._run_buffer(mv, upstream, state, pinned_epoch, limit, delta_u, epoch)
+            return self._run_buffer((mv.id, leaf), upstream, state, pinned_epoch, limit,
+                                    delta_u, epoch)
         chunk_limit = None if strategy == "blocking" else limit
         chunk, new_pos, n = self._chunk(upstream, epoch - 1, pos, chunk_limit,
                                         upstream.row_count)
         cached = [chunk] if chunk is not None else []
-        delta = mv_delta(mv, upstream, delta_u, position_covered(pos, upstream),
-                         position_covered(new_pos, upstream), chunk)
+        change = leaf_change(upstream, delta_u, position_covered(pos, upstream),
+                             position_covered(new_pos, upstream), chunk)
         if new_pos is not None and new_pos.is_end:
             new_state: BackfillState = Done(done_rows + n)
         elif new_pos is None:
             new_state = NotStarted()
         else:
             new_state = InProgress(new_pos, done_rows + n)
-        return ScanResult(delta, new_state, pinned_epoch, n, cached)
+        return ScanResult(change, new_state, pinned_epoch, n, cached)
 
-    def _run_buffer(self, mv: Relation, upstream: Relation, state: BackfillState,
+    def _run_buffer(self, job: tuple[int, int], upstream: Relation, state: BackfillState,
                     pinned_epoch: int | None, limit: int | None, delta_u: DataFrame | None,
                     epoch: int) -> ScanResult:
         if isinstance(state, NotStarted) or pinned_epoch is None:
             pinned_epoch = epoch - 1
-            self.buffers[mv.id] = []
-        buffer = self.buffers.setdefault(mv.id, [])
+            self.buffers[job] = []
+        buffer = self.buffers.setdefault(job, [])
         if delta_u is not None:
             buffer.append(delta_u.withColumn("_sf_e", F.lit(epoch)).toArrow())
         pos = state.pos if isinstance(state, InProgress) else None
         chunk, new_pos, n = self._chunk(upstream, pinned_epoch, pos, limit)
         cached = [chunk] if chunk is not None else []
         total = rows_done(state) + n
-        assert mv.plan is not None
         if new_pos is None or not new_pos.is_end:
-            delta = None
+            change = None
             if chunk is not None:
-                delta = mv_delta(mv, upstream, None, F.lit(False), F.lit(True), chunk)
+                change = leaf_change(upstream, None, F.lit(False), F.lit(True), chunk)
             new_state: BackfillState = (NotStarted() if new_pos is None
                                         else InProgress(new_pos, total))
-            return ScanResult(delta, new_state, pinned_epoch, n, cached)
+            return ScanResult(change, new_state, pinned_epoch, n, cached)
         span = self._span_changelog(upstream, buffer)
-        delta = mv_delta(mv, upstream, span, position_covered(pos, upstream), F.lit(True),
-                         chunk)
-        self.buffers.pop(mv.id, None)
-        return ScanResult(delta, Done(total), pinned_epoch, n, cached)
+        change = leaf_change(upstream, span, position_covered(pos, upstream), F.lit(True),
+                             chunk)
+        self.buffers.pop(job, None)
+        return ScanResult(change, Done(total), pinned_epoch, n, cached)
 
     def _span_changelog(self, upstream: Relation, buffer: list[pa.Table]) -> DataFrame | None:
         """One changelog from the pinned snapshot to now: per key, the before-image

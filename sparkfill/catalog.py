@@ -24,7 +24,7 @@ __all__ = ["Relation", "Catalog"]
 class Relation:
     id: int
     name: str
-    kind: str  # "table" | "mv"
+    kind: str  # "table" | "mv" | "state" (an operator's state table, owned by an MV)
     columns: tuple[Column, ...]
     key: tuple[str, ...]
     state: str  # "created" | "creating"
@@ -36,6 +36,8 @@ class Relation:
     plan: MvPlan | None = None
     options: BackfillOptions | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: a state table: the MV that owns it
+    owner: int | None = None
 
     @property
     def stored(self) -> StoredRelation:
@@ -46,8 +48,9 @@ class Relation:
         return [c for c in self.columns if not c.hidden]
 
     @property
-    def upstream(self) -> str | None:
-        return None if self.plan is None else self.plan.upstream
+    def upstreams(self) -> tuple[str, ...]:
+        """The relations an MV reads (its leaves), FROM first."""
+        return () if self.plan is None else self.plan.upstreams
 
     def definition(self) -> dict[str, Any]:
         return {
@@ -56,6 +59,7 @@ class Relation:
             "sql": self.sql,
             "plan": None if self.plan is None else self.plan.to_json(),
             "options": None if self.options is None else self.options.to_json(),
+            "owner": self.owner,
         }
 
     @staticmethod
@@ -68,6 +72,7 @@ class Relation:
             dir=row.dir, row_count=row.row_count, ready_epoch=row.ready_epoch, sql=d.get("sql"),
             plan=None if d.get("plan") is None else MvPlan.from_json(d["plan"]),
             options=None if d.get("options") is None else BackfillOptions.from_json(d["options"]),
+            owner=d.get("owner"),
         )
 
     def to_row(self) -> RelationRow:
@@ -105,5 +110,14 @@ class Catalog:
         return sorted(self._by_name.values(), key=lambda r: r.id)
 
     def dependents(self, name: str) -> list[Relation]:
-        return [r for r in self.all() if r.upstream is not None
-                and r.upstream.lower() == name.lower()]
+        return [r for r in self.all()
+                if any(u.lower() == name.lower() for u in r.upstreams)]
+
+    def states_of(self, mv: Relation) -> list[Relation]:
+        """An MV's state tables, in the order its plan names them."""
+        if mv.plan is None:
+            return []
+        return [self.get(n) for n in mv.plan.states]
+
+    def leaves_of(self, mv: Relation) -> list[Relation]:
+        return [self.get(n) for n in mv.upstreams]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .relation_store import BEFORE_OPS, LIVE_OPS
-from .schema import OP, VNODE, vnode_expr
+from .schema import EPOCH, OP, VNODE, vnode_expr
 
-__all__ = ["consolidate", "before_images", "after_images", "touched_keys"]
+__all__ = ["consolidate", "before_images", "after_images", "touched_keys", "span_change"]
 
 
 def before_images(delta: DataFrame) -> DataFrame:
@@ -34,11 +34,12 @@ def touched_keys(delta: DataFrame, key: Sequence[str]) -> DataFrame:
 
 
 def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
-                key: Sequence[str]) -> DataFrame:
+                key: Sequence[str], dist_key: Sequence[str] | None = None) -> DataFrame:
     """The changelog that turns the ``before`` rows into the ``after`` rows.
 
     Both inputs hold at most one row per key (``columns`` include the key);
-    the output has ``columns``, ``_vnode`` and ``_op``.
+    the output has ``columns``, ``_vnode`` (the hash of ``dist_key``, a part of
+    the key; the whole key by default) and ``_op``.
     """
     key = list(key)
     values = [c for c in columns]
@@ -57,4 +58,20 @@ def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
     out = joined.select(F.explode(events).alias("_sf_ev"))
     out = out.select(*[F.col(f"_sf_ev.row.{c}").alias(c) for c in values],
                      F.col("_sf_ev.op").alias(OP))
-    return out.withColumn(VNODE, vnode_expr(key)).select(*values, VNODE, OP)
+    return out.withColumn(VNODE, vnode_expr(list(dist_key or key))).select(*values, VNODE, OP)
+
+
+def span_change(log_rows: DataFrame, columns: Sequence[str],
+                key: Sequence[str]) -> tuple[DataFrame, DataFrame]:
+    """The net change of a span of epochs of a changelog (rows with ``_epoch``):
+    per key, the row before the span (the before-image of its first change, when
+    that is ``-`` or ``U-``) and the row after it (the after-image of its last
+    change, when that is ``+`` or ``U+``)."""
+    rank = F.when(F.col(OP) == "U-", F.lit(0)).otherwise(F.lit(1))
+    first = Window.partitionBy(*key).orderBy(F.col(EPOCH).asc(), rank.asc())
+    last = Window.partitionBy(*key).orderBy(F.col(EPOCH).desc(), rank.desc())
+    ranked = (log_rows.withColumn("_sf_first", F.row_number().over(first))
+              .withColumn("_sf_last", F.row_number().over(last)))
+    before = ranked.where((F.col("_sf_first") == 1) & F.col(OP).isin(*BEFORE_OPS))
+    after = ranked.where((F.col("_sf_last") == 1) & F.col(OP).isin(*LIVE_OPS))
+    return before.select(*columns), after.select(*columns)

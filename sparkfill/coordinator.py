@@ -9,8 +9,9 @@ visible before ``commit_epoch``.
 
 Epoch ``e``:
 1. inputs: the staged DML pinned by the plan;
-2. Δ per relation in topological order: tables from DML, created MVs from their
-   upstream's Δ, creating MVs through their backfill scan;
+2. Δ per relation in topological order: tables from DML; an MV from its leaves'
+   changes (their Δs once created, their backfill scans while creating) through
+   its operators, which also yield the Δs of its state tables;
 3. append every non-empty Δ to its relation;
 4. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
 5. release the epoch's cached Δs; compact and vacuum.
@@ -25,7 +26,6 @@ from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from .arrangement import ArrangementScan, VnodeProgress
 from .backfill import (
@@ -33,7 +33,6 @@ from .backfill import (
     Done,
     InProgress,
     ScanResult,
-    mv_delta,
     state_from_rows,
     state_to_row,
 )
@@ -41,9 +40,11 @@ from .catalog import Catalog, Relation
 from .dml import DmlStager, table_delta
 from .keyrange import END
 from .meta_store import EpochCommit, MetaStore, ProgressRow
+from .operators import DataflowResult, MvDataflow, change_of
 from .progress import EpochReport, JobProgress
 from .relation_store import RelationStore
 from .schema import OP
+from .snapshot_jobs import SnapshotJobs
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS"]
 
@@ -67,6 +68,8 @@ class EpochCoordinator:
         self.stager = stager
         self.retain_epochs = retain_epochs
         self.scan = BackfillScan(spark, store)
+        self.dataflow = MvDataflow(spark, store)
+        self.snapshots = SnapshotJobs(spark, meta, store, catalog, self.dataflow)
         self._tokens: dict[int, float] = {}
         self._token_time: dict[int, float] = {}
         self.arrangement = ArrangementScan(spark, store)
@@ -117,9 +120,8 @@ class EpochCoordinator:
         """Extra snapshot rows so a job outpaces the upstream's inserts into the range
         it has not covered yet (twice the last epoch's inflow into that range): the
         remaining rows then shrink every epoch, however fast the upstream writes."""
-        assert mv.plan is not None
-        upstream = self.catalog.get(mv.plan.upstream)
-        inserted = self._inserted.get(upstream.id, 0)
+        inserted = max((self._inserted.get(leaf.id, 0) for leaf in self.catalog.leaves_of(mv)),
+                       default=0)
         if not inserted:
             return 0
         rows = self.meta.progress(mv.id)
@@ -202,31 +204,60 @@ class EpochCoordinator:
         progress: list[ProgressRow] = []
         created: list[int] = []
         chunk_rows: dict[int, int] = {}
+        tags: dict[int, int] = {}
+        tagged: list[tuple[int, int, int]] = []
+        extra_rows: dict[int, int] = {}
         for rel in self.catalog.all():
-            with self.store.reading_for(rel.name):
-                delta, scan = self._delta_of(rel, by_table, deltas, plan, epoch)
-            if scan is not None:
-                cached.extend(scan.cached)
-                chunk_rows[rel.id] = scan.chunk_rows
-                progress.extend(scan.progress_rows if scan.progress_rows is not None else
-                                [state_to_row(rel.id, scan.state, scan.pinned_epoch)])
-                if isinstance(scan.state, Done):
+            if rel.kind == "state":
+                continue  # computed with its MV
+            if rel.kind == "mv" and rel.state == "creating" and rel.options is not None \
+                    and rel.options.strategy == "snapshot":
+                with self.store.reading_for(rel.name):
+                    step = self.snapshots.step(rel, deltas, epoch)
+                progress.extend(step.progress)
+                tagged.extend(step.versions)
+                extra_rows.update(step.row_counts)
+                if step.created:
                     created.append(rel.id)
-            if delta is None:
+                out = step.result
+                scans: list[ScanResult] = []
+            else:
+                with self.store.reading_for(rel.name):
+                    out, scans = self._delta_of(rel, by_table, deltas, plan, epoch)
+            if scans:
+                chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
+                for leaf, scan in enumerate(scans):
+                    cached.extend(scan.cached)
+                    progress.extend(scan.progress_rows if scan.progress_rows is not None else
+                                    [state_to_row(rel.id, scan.state, scan.pinned_epoch, leaf)])
+                if all(isinstance(scan.state, Done) for scan in scans):
+                    created.append(rel.id)
+            if out is None:
                 continue
-            delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(delta)
-            by_op = {r[0]: int(r[1]) for r in delta.groupBy(OP).count().collect()}
-            if sum(by_op.values()):
-                deltas[rel.id] = delta
-                counts[rel.id] = by_op
+            cached.extend(out.cached)
+            for rel_id, delta in [*out.state_deltas.items(), (rel.id, out.delta)]:
+                if delta is None:
+                    continue
+                if out.tag is not None:
+                    tags[rel_id] = out.tag
+                delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
+                cached.append(delta)
+                by_op = {r[0]: int(r[1]) for r in delta.groupBy(OP).count().collect()}
+                if sum(by_op.values()):
+                    deltas[rel_id] = delta
+                    counts[rel_id] = by_op
 
         # phase 3: append every non-empty Δ
         versions: dict[int, int] = {}
         for rel in self.catalog.all():
             if rel.id in deltas:
                 rows = sum(counts[rel.id].values())
-                versions[rel.id] = self.store.append(rel.stored, epoch, deltas[rel.id], rows)
+                tag = tags.get(rel.id, epoch)
+                version = self.store.append(rel.stored, tag, deltas[rel.id], rows)
+                if tag == epoch:
+                    versions[rel.id] = version
+                else:
+                    tagged.append((rel.id, tag, version))
 
         self._inserted = {rid: c.get("+", 0) for rid, c in counts.items()}
 
@@ -234,8 +265,10 @@ class EpochCoordinator:
         finished = time.time()
         self.meta.commit_epoch(EpochCommit(
             epoch=epoch, seconds=finished - started, finished_at=finished, versions=versions,
-            row_count_deltas={rid: c.get("+", 0) - c.get("-", 0) for rid, c in counts.items()},
+            row_count_deltas={**extra_rows, **{rid: c.get("+", 0) - c.get("-", 0)
+                                               for rid, c in counts.items()}},
             progress=progress, created=created, applied_dml_upto=int(plan["dml_upto"]),
+            tagged_versions=tagged,
         ))
 
         # phase 5: release the epoch's data; housekeeping
@@ -258,40 +291,91 @@ class EpochCoordinator:
 
     def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
                   deltas: dict[int, DataFrame], plan: dict[str, Any], epoch: int,
-                  ) -> tuple[DataFrame | None, ScanResult | None]:
-        """Δ of one relation for ``epoch`` (and the backfill scan's result for a
-        creating MV)."""
+                  ) -> tuple[DataflowResult | None, list[ScanResult]]:
+        """Δ of one relation for ``epoch`` (with its state tables' Δs) and, for a
+        creating MV, the result of each leaf's backfill scan."""
         if rel.kind == "table":
             batches = by_table.get(rel.id)
             if not batches:
-                return None, None
-            return table_delta(self.spark, self.store, rel, batches, epoch - 1), None
+                return None, []
+            return DataflowResult(table_delta(self.spark, self.store, rel, batches,
+                                              epoch - 1)), []
         assert rel.plan is not None and rel.options is not None
-        upstream = self.catalog.get(rel.plan.upstream)
-        delta_u = deltas.get(upstream.id)
+        leaves = self.catalog.leaves_of(rel)
+        states = self.catalog.states_of(rel)
         if rel.state == "created":
-            if delta_u is None:
-                return None, None
-            return mv_delta(rel, upstream, delta_u, F.lit(True), F.lit(True), None), None
+            changes = [change_of(deltas.get(leaf.id), [c.name for c in leaf.columns])
+                       for leaf in leaves]
+            if all(c is None for c in changes):
+                return None, []
+            return self.dataflow.run(rel, leaves, states, changes, epoch, False), []
         if rel.id in plan.get("queued", []):
-            return None, None
+            return None, []
+        rows = self.meta.progress(rel.id)
+        initial = all(r.state == "not_started" for r in rows)
+        active = self._active_leaf(rel, leaves, rows)
         limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows)
+        scans = [self._scan_leaf(rel, i, leaf, [r for r in rows if r.leaf == i],
+                                 limit if i == active else 0, deltas.get(leaf.id), plan, epoch)
+                 for i, leaf in enumerate(leaves)]
+        result = self.dataflow.run(rel, leaves, states, [s.change for s in scans], epoch,
+                                   initial)
+        return result, scans
+
+    def _active_leaf(self, mv: Relation, leaves: list[Relation],
+                     rows: list[ProgressRow]) -> int | None:
+        """The one leaf whose snapshot the job reads now: a started one, else the
+        next in ``backfill_order`` (by default the leaf with fewer rows first)."""
+        def leaf_state(i: int) -> str:
+            mine = [r for r in rows if r.leaf == i]
+            assert mv.options is not None
+            if mv.options.strategy == "arrangement":
+                if VnodeProgress.from_rows(mine).is_done:
+                    return "done"
+            elif isinstance(state_from_rows(mine)[0], Done):
+                return "done"
+            return "started" if any(r.state != "not_started" for r in mine) else "not_started"
+        pending = [i for i in range(len(leaves)) if leaf_state(i) != "done"]
+        started = [i for i in pending if leaf_state(i) == "started"]
+        if started:
+            return started[0]
+        if not pending:
+            return None
+        assert mv.options is not None and mv.plan is not None
+        order = list(mv.options.backfill_order or ())
+        aliases = [lf.alias.lower() for lf in mv.plan.leaves]
+        names = [lf.relation.lower() for lf in mv.plan.leaves]
+
+        def rank(i: int) -> tuple[int, int, int]:
+            for n, wanted in enumerate(order):
+                if wanted.lower() in (aliases[i], names[i]):
+                    return (n, 0, i)
+            return (len(order), leaves[i].row_count, i)
+        return min(pending, key=rank)
+
+    def _scan_leaf(self, rel: Relation, leaf: int, upstream: Relation,
+                   rows: list[ProgressRow], limit: int | None, delta_u: DataFrame | None,
+                   plan: dict[str, Any], epoch: int) -> ScanResult:
+        """One epoch of the backfill scan of one leaf of a creating MV."""
+        assert rel.options is not None
         if rel.options.strategy == "arrangement":
-            progress = VnodeProgress.from_rows(self.meta.progress(rel.id))
+            progress = VnodeProgress.from_rows(rows)
             parallelism = int(plan.get("parallelism", {}).get(str(rel.id), 1))
-            result = self.arrangement.run(rel, upstream, progress, int(limit or 0), parallelism,
+            result = self.arrangement.run(upstream, progress, int(limit or 0), parallelism,
                                           delta_u, epoch)
             done = result.progress.is_done
-            return result.delta, ScanResult(
-                result.delta, Done(result.progress.rows_done) if done else InProgress(
+            return ScanResult(
+                result.change, Done(result.progress.rows_done) if done else InProgress(
                     END, result.progress.rows_done), None, result.chunk_rows, result.cached,
-                result.progress.to_rows(rel.id, since=progress))
-        state, pinned = state_from_rows(self.meta.progress(rel.id))
-        scan = self.scan.run(rel, upstream, state, pinned, limit, delta_u, epoch)
-        return scan.delta, scan
+                result.progress.to_rows(rel.id, since=progress, leaf=leaf))
+        state, pinned = state_from_rows(rows)
+        return self.scan.run(rel, leaf, upstream, state, pinned, limit, delta_u, epoch)
 
     def _housekeep(self, epoch: int, appended: dict[int, int]) -> None:
+        held = self.snapshots.held_relations()
         for rel in self.catalog.all():
+            if rel.id in held:
+                continue  # a snapshot job reads its log or writes it as of earlier epochs
             if rel.id in appended and self.store.needs_compaction(rel.stored, epoch):
                 self.store.compact(rel.stored, epoch, rel.row_count)
         if epoch % 10 == 0:
@@ -303,9 +387,9 @@ class EpochCoordinator:
         horizon = max(0, epoch - self.retain_epochs)
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating":
-                _, pinned = state_from_rows(self.meta.progress(rel.id))
-                if pinned is not None:
-                    horizon = min(horizon, pinned)
+                for row in self.meta.progress(rel.id):
+                    if row.pinned_epoch is not None:
+                        horizon = min(horizon, row.pinned_epoch)
         return horizon
 
     def vacuum(self, epoch: int) -> None:
@@ -336,16 +420,20 @@ class EpochCoordinator:
 
     def job_progress(self, mv: Relation) -> JobProgress:
         assert mv.options is not None
+        if mv.options.strategy == "snapshot" and mv.state == "creating":
+            return self.snapshots.progress(mv)
         rows = self.meta.progress(mv.id)
         done = sum(r.rows for r in rows)
-        vnodes = (VnodeProgress.from_rows(rows).vnodes_done
-                  if mv.options.strategy == "arrangement"
-                  else (256 if rows and rows[0].state == "done" else 0))
+        leaves = max(1, len(mv.upstreams))
+        if mv.options.strategy == "arrangement":
+            vnodes = sum(VnodeProgress.from_rows([r for r in rows if r.leaf == i]).vnodes_done
+                         for i in range(leaves)) // leaves
+        else:
+            vnodes = 256 * sum(r.state == "done" for r in rows) // leaves
         if mv.state == "created":
             return JobProgress(mv.name, mv.options.strategy, "created", done, done, 0.0, 0.0,
                                vnodes_done=256)
-        upstream = self.catalog.get(mv.plan.upstream) if mv.plan else None
-        total = max(done, upstream.row_count if upstream else 0)
+        total = max(done, sum(leaf.row_count for leaf in self.catalog.leaves_of(mv)))
         samples = list(self._samples.get(mv.id, ()))
         rate = 0.0
         if len(samples) >= 2 and samples[-1].at > samples[0].at:

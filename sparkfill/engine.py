@@ -13,7 +13,8 @@ import functools
 import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -23,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlglot import exp
 
-from .backfill import NotStarted, state_from_rows, state_to_row
+from .backfill import NotStarted, state_to_row
 from .catalog import Catalog, Relation
 from .coordinator import EpochCoordinator
 from .dml import DELETE, IDX, KIND, UPSERT, DmlStager
@@ -32,6 +33,7 @@ from .errors import (
     DependentObjects,
     EngineClosed,
     EpochNotRetained,
+    InvalidOption,
     MaterializedViewNotReady,
     RelationExists,
     SparkfillError,
@@ -47,17 +49,19 @@ from .frontend import (
     CreateTable,
     Delete,
     Drop,
+    Explain,
     InsertValues,
     Query,
     SetOption,
     Show,
     Update,
+    Verify,
     parse_statement,
 )
 from .lock import WriterLock
 from .meta_store import MetaStore
 from .options import WAREHOUSE_OPTIONS, resolve_options
-from .planner import check_supported, from_table, plan_materialized_view
+from .planner import LeafInfo, check_supported, explain_plan, plan_materialized_view
 from .progress import EpochReport
 from .relation_store import RelationStore
 from .session import build_spark_session
@@ -125,6 +129,8 @@ class Engine:
         try:
             self._own_spark = spark is None
             self.spark = spark if spark is not None else build_spark_session()
+            # a caller's session too: an epoch's plans reuse cached Δs many times
+            self.spark.conf.set("spark.sql.maxPlanStringLength", "65536")
             self.meta = MetaStore(self.path / "meta.sqlite")
             self.store = RelationStore(self.spark, self.path / "relations", self.meta)
             self.catalog = Catalog(self.meta)
@@ -157,28 +163,37 @@ class Engine:
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating" and rel.options \
                     and rel.options.strategy == "buffer":
-                state, _ = state_from_rows(self.meta.progress(rel.id))
-                if not isinstance(state, NotStarted):
+                if any(r.state != "not_started" for r in self.meta.progress(rel.id)):
                     self._restart_job(rel)
         self.catalog.reload()
         self.coordinator.recover()
+        for rel in self.catalog.all():
+            if rel.kind == "mv" and rel.state == "creating" and rel.options \
+                    and rel.options.strategy == "snapshot":
+                self.coordinator.snapshots.start(rel)
 
     def _restart_job(self, rel: Relation) -> None:
         """Start a creating job over on a fresh, empty relation (its in-memory
         state was lost)."""
-        old_dir = rel.dir
-        new_dir = f"{rel.id:06d}-{rel.name}-{uuid.uuid4().hex[:6]}"
-        version = self.store.create(new_dir, rel.columns)
+        fresh = []
+        for r in (rel, *self.catalog.states_of(rel)):
+            new_dir = f"{r.id:06d}-{r.name}-{uuid.uuid4().hex[:6]}"
+            fresh.append((r, new_dir, self.store.create(new_dir, r.columns)))
         with self.meta.transaction() as conn:
-            self.meta.reset_relation(conn, rel.id, new_dir, rel.created_epoch, version)
-            self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None))
-        self.store.delete(old_dir)
+            conn.execute("DELETE FROM backfill_progress WHERE mv_id = ?", (rel.id,))
+            for r, new_dir, version in fresh:
+                self.meta.reset_relation(conn, r.id, new_dir, rel.created_epoch, version)
+            for leaf in range(len(rel.upstreams)):
+                self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None, leaf))
+        for r, _, _ in fresh:
+            self.store.delete(r.dir)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
+            self.coordinator.snapshots.stop_all()
             self.meta.close()
         finally:
             self._lock.release()
@@ -288,22 +303,35 @@ class Engine:
             Query: self._query,
             AlterMaterializedView: self._alter_mv,
             CancelJobs: self._cancel_jobs,
+            Explain: self._explain,
+            Verify: lambda c: self.verify(c.name, c.as_of),
         }[type(cmd)]
         return handler(cmd)  # type: ignore[operator]
 
-    def _new_relation(self, rel: Relation) -> None:
-        version = self.store.create(rel.dir, rel.columns)
+    def _new_relation(self, rel: Relation, states: Sequence[Relation] = ()) -> None:
+        """Create a relation (and an MV's state tables) in one meta-store transaction."""
+        created: list[str] = []
         try:
+            versions = []
+            for r in (rel, *states):
+                versions.append(self.store.create(r.dir, r.columns))
+                created.append(r.dir)
             with self.meta.transaction() as conn:
-                self.meta.add_relation(conn, rel.to_row(), version)
+                for r, version in zip((rel, *states), versions, strict=True):
+                    self.meta.add_relation(conn, r.to_row(), version)
                 if rel.kind == "mv":
-                    self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None))
+                    for leaf in range(len(rel.upstreams)):
+                        self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None,
+                                                                  leaf))
         except BaseException:
-            self.store.delete(rel.dir)
+            for dir_ in created:
+                self.store.delete(dir_)
             raise
         self.catalog.reload()
 
     def _check_new_name(self, name: str) -> bool:
+        if name.lower().startswith("__sf_"):
+            raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
         if self.catalog.find(name) is not None:
             return False
         return True
@@ -326,20 +354,40 @@ class Engine:
                 return None
             raise RelationExists(f"a relation named {cmd.name!r} already exists")
         select = check_supported(cmd.query)
-        upstream = self.catalog.get(from_table(select).name)
-        if upstream.kind == "mv" and upstream.state != "created":
-            raise UnsupportedQuery(
-                f"materialized view {upstream.name!r} is still being created; create "
-                f"{cmd.name!r} over it once progress({upstream.name!r}).state is 'created'")
         options = resolve_options(self._session_options, cmd.options)
-        plan, columns, key = plan_materialized_view(
-            self.spark, select, upstream.name, upstream.columns, upstream.key)
+        planned = plan_materialized_view(self.spark, select, self._leaf_info, cmd.name)
+        leaf_names = {n.lower() for lf in planned.plan.leaves for n in (lf.alias, lf.relation)}
+        unknown = [n for n in options.backfill_order if n.lower() not in leaf_names]
+        if unknown:
+            raise InvalidOption(f"backfill_order names {', '.join(map(repr, unknown))}, which "
+                                f"{cmd.name!r} does not read; it reads "
+                                f"{', '.join(lf.alias for lf in planned.plan.leaves)}")
         rel_id = self.meta.next_relation_id()
+        states = [Relation(
+            id=rel_id + 1 + i, name=f"__sf_{cmd.name}_{d.role}", kind="state",
+            columns=d.columns, key=d.key, state="created",
+            created_epoch=self.meta.committed_epoch,
+            dir=f"{rel_id + 1 + i:06d}-{cmd.name}-{d.role}", owner=rel_id)
+            for i, d in enumerate(planned.states)]
+        plan = replace(planned.plan, states=tuple(r.name for r in states))
         self._new_relation(Relation(
-            id=rel_id, name=cmd.name, kind="mv", columns=tuple(columns), key=tuple(key),
-            state="creating", created_epoch=self.meta.committed_epoch,
-            dir=f"{rel_id:06d}-{cmd.name}", sql=cmd.query_sql, plan=plan, options=options))
+            id=rel_id, name=cmd.name, kind="mv", columns=tuple(planned.columns),
+            key=tuple(planned.key), state="creating", created_epoch=self.meta.committed_epoch,
+            dir=f"{rel_id:06d}-{cmd.name}", sql=cmd.query_sql, plan=plan, options=options),
+            states)
+        if options.strategy == "snapshot":
+            self.coordinator.snapshots.start(self.catalog.get(cmd.name))
         return None
+
+    def _leaf_info(self, name: str) -> LeafInfo:
+        rel = self.catalog.get(name)
+        if rel.kind == "state":
+            raise UnknownRelation(f"no table or materialized view named {name!r}")
+        if rel.kind == "mv" and rel.state != "created":
+            raise UnsupportedQuery(
+                f"materialized view {rel.name!r} is still being created; create an MV over "
+                f"it once progress({rel.name!r}).state is 'created'")
+        return LeafInfo(rel.name, rel.columns, rel.key)
 
     def _drop(self, cmd: Drop) -> None:
         rel = self.catalog.find(cmd.name)
@@ -358,11 +406,16 @@ class Engine:
                 f"cannot drop {rel.name!r}: materialized view(s) "
                 f"{', '.join(d.name for d in dependents)} read it; drop them first")
         staged = [b.path for b in self.meta.staged() if b.rel_id == rel.id]
+        states = self.catalog.states_of(rel)
+        if rel.kind == "mv":
+            self.coordinator.snapshots.stop(rel.id, self.coordinator.snapshots.job_dir(rel))
         with self.meta.transaction() as conn:
-            self.meta.drop_relation(conn, rel.id)
-        self.store.delete(rel.dir)
+            for r in (rel, *states):
+                self.meta.drop_relation(conn, r.id)
+        for r in (rel, *states):
+            self.store.delete(r.dir)
         self.stager.remove_applied(staged)
-        self.coordinator.scan.buffers.pop(rel.id, None)
+        self.coordinator.scan.forget(rel.id)
         self.catalog.reload()
         return None
 
@@ -376,6 +429,7 @@ class Engine:
         with self.meta.transaction() as conn:
             self.meta.update_definition(conn, rel.id, definition)
         self.catalog.reload()
+        self.coordinator.snapshots.set_rate_limit(rel.id, options.rate_limit)
         return None
 
     def _cancel_jobs(self, cmd: CancelJobs) -> None:
@@ -482,8 +536,8 @@ class Engine:
         self.stager.stage(rel, self._matching(rel, cmd.where_sql).select(*rel.key), DELETE)
         return None
 
-    def _query(self, cmd: Query) -> DataFrame:
-        epoch = self.meta.committed_epoch
+    def _query(self, cmd: Query, epoch: int | None = None) -> DataFrame:
+        epoch = self.meta.committed_epoch if epoch is None else epoch
         tree = cmd.tree.copy()
         views: dict[str, str] = {}
         for name in cmd.tables:
@@ -506,6 +560,57 @@ class Engine:
                 self.spark.catalog.dropTempView(view)
 
     # --- introspection --------------------------------------------------------------------
+
+    def _explain(self, cmd: Explain) -> DataFrame:
+        text = self._plan_text(cmd.statement)
+        return self.spark.createDataFrame([(line,) for line in text.splitlines()], "plan string")
+
+    def _plan_text(self, cmd: CreateMaterializedView) -> str:
+        select = check_supported(cmd.query)
+        planned = plan_materialized_view(self.spark, select, self._leaf_info, cmd.name)
+        names = tuple(f"__sf_{cmd.name}_{d.role}" for d in planned.states)
+        plan = replace(planned.plan, states=names)
+        lines = [explain_plan(cmd.name, plan, planned.key)]
+        for name, d in zip(names, planned.states, strict=True):
+            lines.append(f"state {name}: key=({', '.join(d.key)}) "
+                         f"vnode=hash({', '.join(d.dist_key)})")
+        return "\n".join(lines)
+
+    @_boundary
+    def explain(self, statement: str) -> str:
+        """The operator plan of ``CREATE MATERIALIZED VIEW ...`` (or of an existing
+        MV, by name) as an indented tree with each operator's key and state tables."""
+        if re.match(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*$", statement):
+            rel = self.catalog.get(statement.strip())
+            if rel.kind != "mv" or rel.plan is None:
+                raise SqlError(f"{rel.name!r} is not a materialized view")
+            return explain_plan(rel.name, rel.plan, rel.key)
+        cmd = parse_statement(statement)
+        if isinstance(cmd, Explain):
+            cmd = cmd.statement
+        if not isinstance(cmd, CreateMaterializedView):
+            raise SqlError("EXPLAIN takes CREATE MATERIALIZED VIEW ... or an MV's name")
+        text = self._plan_text(cmd)
+        print(text)
+        return text
+
+    @_boundary
+    def verify(self, name: str, as_of: int | None = None) -> DataFrame:
+        """Recompute the MV's SQL as a batch query over its upstreams' snapshots at
+        ``as_of`` (default: the committed epoch) and return the rows that differ:
+        the MV's columns and ``side`` — "missing" (in the batch result, not in the
+        MV) or "extra" (in the MV, not in the batch result). Empty when exact."""
+        rel = self.catalog.get(name)
+        if rel.kind != "mv" or rel.sql is None:
+            raise SqlError(f"{name!r} is not a materialized view")
+        epoch = self._epoch_for_read(rel, as_of)
+        actual = self._snapshot(rel, epoch)
+        tree = parse_statement(rel.sql)
+        assert isinstance(tree, Query)
+        expected = self._query(tree, epoch).toDF(*actual.columns)
+        missing = expected.exceptAll(actual).withColumn("side", F.lit("missing"))
+        extra = actual.exceptAll(expected).withColumn("side", F.lit("extra"))
+        return missing.unionByName(extra)
 
     @_boundary
     def relation(self, name: str) -> Relation:

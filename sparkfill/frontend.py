@@ -21,7 +21,7 @@ from .schema import Column, normalize_type_name
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
     "AlterMaterializedView", "CancelJobs",
-    "InsertValues", "Update", "Delete", "Query", "parse_statement",
+    "InsertValues", "Update", "Delete", "Query", "Explain", "Verify", "parse_statement",
 ]
 
 
@@ -102,6 +102,22 @@ class Query(Command):
     tables: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Explain(Command):
+    statement: CreateMaterializedView
+
+
+@dataclass
+class Verify(Command):
+    name: str
+    as_of: int | None = None
+
+
+_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?P<rest>CREATE\s+MATERIALIZED\s+VIEW\s.*)$",
+                      re.IGNORECASE | re.DOTALL)
+_VERIFY = re.compile(
+    r"^\s*VERIFY\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
+    r"(\s+AS\s+OF\s+(?:EPOCH\s+)?(?P<epoch>\d+))?\s*;?\s*$", re.IGNORECASE)
 _CREATE_MV = re.compile(
     r"^\s*CREATE\s+MATERIALIZED\s+VIEW\s+(?P<ine>IF\s+NOT\s+EXISTS\s+)?"
     r"(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*(?P<rest>.*)$",
@@ -268,6 +284,15 @@ def _tables_of(tree: exp.Expr) -> list[str]:
 def parse_statement(sql: str) -> Command:
     if not isinstance(sql, str) or not sql.strip():
         raise SqlError("empty statement")
+    m = _EXPLAIN.match(sql)
+    if m:
+        inner = _CREATE_MV.match(m.group("rest"))
+        assert inner is not None
+        return Explain(_parse_create_mv(inner))
+    m = _VERIFY.match(sql)
+    if m:
+        return Verify(m.group("name").strip("`"),
+                      None if m.group("epoch") is None else int(m.group("epoch")))
     m = _CREATE_MV.match(sql)
     if m:
         return _parse_create_mv(m)

@@ -15,7 +15,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,8 @@ class EpochCommit:
     progress: list[ProgressRow]
     created: list[int]
     applied_dml_upto: int
+    #: versions of appends tagged with an earlier epoch (a snapshot job catching up)
+    tagged_versions: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class MetaStore:
@@ -269,6 +271,8 @@ class MetaStore:
         with self.transaction() as conn:
             for rel_id, version in c.versions.items():
                 self.set_version(conn, rel_id, c.epoch, version)
+            for rel_id, tag, version in c.tagged_versions:
+                self.set_version(conn, rel_id, tag, version)
             for rel_id, delta in c.row_count_deltas.items():
                 conn.execute("UPDATE relations SET row_count = row_count + ? WHERE id = ?",
                              (delta, rel_id))

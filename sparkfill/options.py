@@ -17,14 +17,15 @@ __all__ = [
     "resolve_options",
 ]
 
-STRATEGIES = ("arrangement", "no_shuffle", "blocking", "buffer")
+STRATEGIES = ("arrangement", "snapshot", "no_shuffle", "blocking", "buffer")
 DEFAULT_STRATEGY = "arrangement"
 DEFAULT_CHUNK_ROWS = 10_000
 DEFAULT_TARGET_EPOCH_MS = 5_000
+DEFAULT_MAX_LAG_EPOCHS = 2
 
 OPTION_NAMES = ("backfill", "backfill_chunk_rows", "backfill_rate_limit",
-                "backfill_parallelism", "backfill_target_epoch_ms",
-                "max_concurrent_creating_jobs")
+                "backfill_parallelism", "backfill_target_epoch_ms", "backfill_order",
+                "snapshot_backfill_max_lag_epochs", "max_concurrent_creating_jobs")
 #: options of the warehouse (persisted), not of one MV
 WAREHOUSE_OPTIONS = ("max_concurrent_creating_jobs",)
 #: options ALTER MATERIALIZED VIEW ... SET can change while the job runs
@@ -39,6 +40,10 @@ class BackfillOptions:
     parallelism: int | None = None  # Spark tasks per chunk read; None: Spark's default
     #: adaptive chunk: grow or shrink the chunk to keep epochs near this; 0: fixed chunk
     target_epoch_ms: int = DEFAULT_TARGET_EPOCH_MS
+    #: leaves (aliases or relation names) to backfill first, in this order
+    backfill_order: tuple[str, ...] = ()
+    #: snapshot: the job joins the epoch loop once it lags by at most this many epochs
+    max_lag_epochs: int = DEFAULT_MAX_LAG_EPOCHS
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +54,9 @@ class BackfillOptions:
             return None if d.get(name) is None else int(d[name])
         return BackfillOptions(d["strategy"], int(d["chunk_rows"]), opt("rate_limit"),
                                opt("parallelism"),
-                               int(d.get("target_epoch_ms", DEFAULT_TARGET_EPOCH_MS)))
+                               int(d.get("target_epoch_ms", DEFAULT_TARGET_EPOCH_MS)),
+                               tuple(d.get("backfill_order") or ()),
+                               int(d.get("max_lag_epochs", DEFAULT_MAX_LAG_EPOCHS)))
 
     def altered(self, name: str, value: Any) -> BackfillOptions:
         """These options with one alterable option set (None: its default)."""
@@ -90,6 +97,13 @@ def validate_option(name: str, value: Any) -> Any:
             raise InvalidOption(
                 f"unknown backfill strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
         return strategy
+    if key == "backfill_order":
+        parts = value if isinstance(value, tuple | list) else str(value).split(",")
+        names = tuple(str(n).strip() for n in parts if str(n).strip())
+        if not names:
+            raise InvalidOption("backfill_order must name the MV's relations, e.g. "
+                                "'customers, orders'")
+        return names
     if key in ("backfill_chunk_rows", "backfill_parallelism", "max_concurrent_creating_jobs"):
         return _as_int(key, value, 1)
     return _as_int(key, value, 0)
@@ -110,4 +124,8 @@ def resolve_options(session: dict[str, Any], given: dict[str, Any]) -> BackfillO
         parallelism=merged.get("backfill_parallelism"),
         target_epoch_ms=(DEFAULT_TARGET_EPOCH_MS if merged.get("backfill_target_epoch_ms") is None
                          else merged["backfill_target_epoch_ms"]),
+        backfill_order=merged.get("backfill_order") or (),
+        max_lag_epochs=(DEFAULT_MAX_LAG_EPOCHS
+                        if merged.get("snapshot_backfill_max_lag_epochs") is None
+                        else merged["snapshot_backfill_max_lag_epochs"]),
     )

@@ -1,29 +1,39 @@
 """Planning a materialized view: from the sqlglot tree of its SELECT to an
-``MvPlan`` (filter/project over one upstream relation) and its schema.
+``MvPlan`` — leaves, an optional equi-join, a row stage (filter/project), an
+optional aggregate stage — with the MV's schema, stream key and state tables.
 
 Invariants: the MV's output names and types come from Spark's own analysis of
-the query; the MV's stream key is its upstream's key, kept as hidden columns
-when the query does not select it; any shape this planner does not maintain
-incrementally is refused with ``UnsupportedQuery`` naming the construct.
+the query; every stream key (the MV's and each state table's) is non-null, so
+keys compare with plain equality everywhere:
+
+* filter/project over one relation: the upstream's key;
+* a join: both sides' keys (for a LEFT JOIN, the right side's key as one JSON
+  string, ``"{}"`` when a left row has no match);
+* an aggregate or ``DISTINCT``: ``_sf_k_group``, the group's values as JSON.
+
+Every shape this planner cannot maintain incrementally is refused with
+``UnsupportedQuery`` naming the construct, before anything is created.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlglot
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 from sqlglot import exp
 
-from .errors import SqlError, UnsupportedQuery
+from .errors import SqlError, UnknownRelation, UnsupportedQuery
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
 __all__ = [
-    "MvPlan", "plan_materialized_view", "check_supported", "from_table", "NONDETERMINISTIC",
+    "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
+    "plan_materialized_view", "check_supported", "leaf_tables", "explain_plan",
+    "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW",
 ]
 
 NONDETERMINISTIC = {
@@ -33,80 +43,203 @@ NONDETERMINISTIC = {
     "current_timezone",
 }
 
+#: aggregate functions kept exact under deletes by recomputing a group from its input
+SUPPORTED_AGGS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.CountIf,
+                  exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance,
+                  exp.LogicalAnd, exp.LogicalOr)
+
+#: the MV key of an aggregate: the group's values as JSON
+GROUP_KEY = f"{HIDDEN_PREFIX}group"
+#: the group of one aggregate input row (state table column, same JSON as GROUP_KEY)
+GROUP_OF_ROW = "_sf_gk"
+#: the join key of one side's row (state table column): the equi-join values as JSON
+JOIN_KEY = "_sf_jk"
+
 _CLAUSES = {
-    "joins": "JOIN (joins come with a later release; for now an MV reads one relation)",
-    "group": "GROUP BY (aggregates come with a later release)",
-    "having": "HAVING",
     "order": "ORDER BY (an MV is an unordered set; order when you read it)",
     "limit": "LIMIT (an MV keeps every row; apply LIMIT when you read it)",
     "offset": "OFFSET",
-    "distinct": "DISTINCT",
     "qualify": "QUALIFY",
     "laterals": "LATERAL VIEW",
     "windows": "WINDOW",
-    "with": "WITH (common table expressions)",
-    "with_": "WITH (common table expressions)",
+    "with": "WITH (common table expressions; create an MV per subquery instead)",
+    "with_": "WITH (common table expressions; create an MV per subquery instead)",
 }
 
 
 @dataclass(frozen=True)
-class MvPlan:
-    """``SELECT outputs FROM upstream AS alias WHERE where``, plus hidden key columns."""
+class Leaf:
+    """One relation the MV reads, under its alias in the query."""
 
-    upstream: str
     alias: str
+    relation: str
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    how: str  # "inner" | "left"
+    on: str  # the whole ON condition, Spark SQL
+    #: per side, the Spark SQL expressions (over that side's columns) of the join key,
+    #: cast to a common type, so both sides' JSON of equal keys is equal
+    key_exprs: tuple[tuple[str, ...], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    group: tuple[str, ...]  # row-stage columns holding the group values
+    aggs: tuple[tuple[str, str], ...]  # (column, Spark SQL aggregate over row columns)
+    having: str | None  # over group and aggregate columns
+    outputs: tuple[tuple[str, str], ...]  # (MV column, Spark SQL over group/agg columns)
+
+
+@dataclass(frozen=True)
+class StateDef:
+    """A state table of the MV: a relation like any other."""
+
+    role: str  # "left" | "right" (join sides) | "agg" (aggregate input)
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    dist_key: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MvPlan:
+    """``SELECT ... FROM leaves [JOIN] [WHERE] [GROUP BY ... HAVING]``.
+
+    The row stage evaluates ``rows`` over the (joined) leaves after ``where``;
+    its key is ``row_key``. Without ``agg`` its rows are the MV's rows.
+    """
+
+    leaves: tuple[Leaf, ...]
+    join: JoinSpec | None
     where: str | None
-    outputs: tuple[tuple[str, str], ...]  # (output column, Spark SQL expression)
-    hidden_keys: tuple[tuple[str, str], ...]  # (hidden output column, upstream key column)
+    rows: tuple[tuple[str, str], ...]
+    row_key: tuple[str, ...]
+    agg: AggSpec | None
+    states: tuple[str, ...] = ()  # names of the state relations, by role order
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        return tuple(leaf.relation for leaf in self.leaves)
+
+    @property
+    def upstream(self) -> str:
+        return self.leaves[0].relation
 
     def to_json(self) -> dict[str, Any]:
-        return {"upstream": self.upstream, "alias": self.alias, "where": self.where,
-                "outputs": [list(o) for o in self.outputs],
-                "hidden_keys": [list(h) for h in self.hidden_keys]}
+        return {
+            "leaves": [[lf.alias, lf.relation] for lf in self.leaves],
+            "join": None if self.join is None else {
+                "how": self.join.how, "on": self.join.on,
+                "key_exprs": [list(k) for k in self.join.key_exprs]},
+            "where": self.where,
+            "rows": [list(r) for r in self.rows],
+            "row_key": list(self.row_key),
+            "agg": None if self.agg is None else {
+                "group": list(self.agg.group), "aggs": [list(a) for a in self.agg.aggs],
+                "having": self.agg.having, "outputs": [list(o) for o in self.agg.outputs]},
+            "states": list(self.states),
+        }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> MvPlan:
-        return MvPlan(d["upstream"], d["alias"], d["where"],
-                      tuple((a, b) for a, b in d["outputs"]),
-                      tuple((a, b) for a, b in d["hidden_keys"]))
+        j = d.get("join")
+        a = d.get("agg")
+        return MvPlan(
+            leaves=tuple(Leaf(x, y) for x, y in d["leaves"]),
+            join=None if j is None else JoinSpec(
+                j["how"], j["on"], (tuple(j["key_exprs"][0]), tuple(j["key_exprs"][1]))),
+            where=d["where"],
+            rows=tuple((x, y) for x, y in d["rows"]),
+            row_key=tuple(d["row_key"]),
+            agg=None if a is None else AggSpec(
+                tuple(a["group"]), tuple((x, y) for x, y in a["aggs"]), a["having"],
+                tuple((x, y) for x, y in a["outputs"])),
+            states=tuple(d.get("states", ())),
+        )
 
-    def apply(self, rows: DataFrame, columns: Sequence[Column]) -> DataFrame:
-        """Evaluate the plan over upstream rows (visible and hidden columns)."""
-        df = rows.alias(self.alias)
-        if self.where:
-            df = df.where(F.expr(self.where))
-        exprs = [F.expr(sql).alias(name) for name, sql in self.outputs]
-        exprs += [F.col(up).alias(name) for name, up in self.hidden_keys]
-        out = df.select(*exprs)
-        return out.select(*[F.col(c.name).cast(c.type) for c in columns])
+
+@dataclass(frozen=True)
+class LeafInfo:
+    """What the planner needs to know of a relation a query reads."""
+
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlannedMv:
+    plan: MvPlan
+    columns: list[Column]
+    key: list[str]
+    states: list[StateDef]
+
+
+# --- checking the shape -------------------------------------------------------------------
+
+
+def _from_table(select: exp.Select) -> exp.Expr | None:
+    from_ = select.args.get("from_") or select.args.get("from")
+    return None if from_ is None else from_.this
 
 
 def check_supported(query: exp.Expr) -> exp.Select:
     """Return the SELECT if its shape is supported, else raise ``UnsupportedQuery``."""
-    if isinstance(query, exp.Union | exp.Except | exp.Intersect):
-        raise UnsupportedQuery(f"{type(query).__name__.upper()} of queries is not supported yet")
+    if isinstance(query, exp.Union):
+        raise UnsupportedQuery(
+            f"{'UNION ALL' if not query.args.get('distinct') else 'UNION'} is not supported "
+            "in a materialized view yet; create one MV per branch")
+    if isinstance(query, exp.Except | exp.Intersect):
+        raise UnsupportedQuery(f"{type(query).__name__.upper()} is not supported in an MV")
     if not isinstance(query, exp.Select):
         raise UnsupportedQuery(f"an MV must be defined by a SELECT, got {type(query).__name__}")
     for arg, label in _CLAUSES.items():
         if query.args.get(arg):
-            raise UnsupportedQuery(f"{label} is not supported in a materialized view yet")
-    from_ = query.args.get("from_") or query.args.get("from")
-    if from_ is None:
-        raise UnsupportedQuery("an MV must read FROM one table or materialized view")
-    if not isinstance(from_.this, exp.Table) or isinstance(from_.this.this, exp.Func):
-        raise UnsupportedQuery("FROM a subquery or a table function is not supported; "
-                               "create an MV for the subquery and select from it")
+            raise UnsupportedQuery(f"{label} is not supported in a materialized view")
+    source = _from_table(query)
+    if source is None:
+        raise UnsupportedQuery("an MV must read FROM a table or materialized view")
+    joins = query.args.get("joins") or []
+    for rel in [source, *[j.this for j in joins]]:
+        if not isinstance(rel, exp.Table) or isinstance(rel.this, exp.Func):
+            raise UnsupportedQuery("FROM a subquery or a table function is not supported; "
+                                   "create an MV for the subquery and select from it")
+    if len(joins) > 1:
+        raise UnsupportedQuery("an MV joins at most two relations; for more, create an MV "
+                               "of the first join and join it with the next relation")
+    for j in joins:
+        kind = (j.args.get("kind") or "").upper()
+        side = (j.args.get("side") or "").upper()
+        if kind == "CROSS" or (not j.args.get("on") and not j.args.get("using")):
+            raise UnsupportedQuery("a join without ON (cross join) is not supported; "
+                                   "join ON equalities of columns")
+        if j.args.get("using"):
+            raise UnsupportedQuery("JOIN ... USING is not supported; write JOIN ... ON "
+                                   "a.col = b.col")
+        if side in ("RIGHT", "FULL"):
+            raise UnsupportedQuery(
+                f"{side} OUTER JOIN is not supported; swap the sides and use LEFT JOIN"
+                if side == "RIGHT" else "FULL OUTER JOIN is not supported; use INNER or "
+                "LEFT JOIN")
+        if kind in ("SEMI", "ANTI") or j.args.get("method"):
+            raise UnsupportedQuery(f"{kind or j.args.get('method')} JOIN is not supported")
+    if query.args.get("distinct") and (query.args.get("group") or _aggregates(query)):
+        raise UnsupportedQuery("SELECT DISTINCT with GROUP BY or aggregates is not supported; "
+                               "group by the columns instead")
     for node in query.walk():
         if node is query:
             continue
         if isinstance(node, exp.Window):
             raise UnsupportedQuery("window functions (OVER ...) are not supported in an MV")
-        if isinstance(node, exp.AggFunc):
-            raise UnsupportedQuery(
-                f"aggregate function {node.sql(dialect='spark')} is not supported yet "
-                "(aggregates come with a later release)")
         if isinstance(node, exp.Select | exp.Subquery):
-            raise UnsupportedQuery("subqueries are not supported in an MV")
+            raise UnsupportedQuery("subqueries are not supported in an MV; create an MV for "
+                                   "the subquery and join it")
+        if isinstance(node, exp.AggFunc) and not isinstance(node, SUPPORTED_AGGS):
+            raise UnsupportedQuery(
+                f"aggregate {node.sql(dialect='spark')} is not supported; supported are "
+                "count, count(DISTINCT ...), sum, avg, min, max, count_if, stddev, variance, "
+                "bool_and, bool_or")
         if isinstance(node, exp.Func):
             names = {type(node).__name__.lower()}
             if isinstance(node, exp.Anonymous):
@@ -119,55 +252,131 @@ def check_supported(query: exp.Expr) -> exp.Select:
     return query
 
 
-def from_table(select: exp.Select) -> exp.Table:
-    """The one relation a supported SELECT reads."""
-    from_ = select.args.get("from_") or select.args.get("from")
-    if from_ is None or not isinstance(from_.this, exp.Table):
-        raise UnsupportedQuery("an MV must read FROM one table or materialized view")
-    return from_.this
+def leaf_tables(select: exp.Select) -> list[exp.Table]:
+    """The relations a supported SELECT reads, FROM first."""
+    source = _from_table(select)
+    assert isinstance(source, exp.Table)
+    return [source, *[j.this for j in select.args.get("joins") or []]]
 
 
-def _expand_stars(select: exp.Select, alias: str, visible: Sequence[str]) -> list[exp.Expr]:
+def _aggregates(select: exp.Select) -> list[exp.AggFunc]:
+    found: list[exp.AggFunc] = []
+    for part in [*select.expressions, select.args.get("having")]:
+        if part is None:
+            continue
+        for node in part.walk():
+            if isinstance(node, exp.AggFunc) and not any(
+                    isinstance(a, exp.AggFunc) for a in _ancestors(node, part)):
+                found.append(node)
+    return found
+
+
+def _ancestors(node: exp.Expr, stop: exp.Expr) -> list[exp.Expr]:
+    out = []
+    cur = node.parent
+    while cur is not None and cur is not stop:
+        out.append(cur)
+        cur = cur.parent
+    if cur is stop and stop is not node:
+        out.append(stop)
+    return out
+
+
+# --- planning -----------------------------------------------------------------------------
+
+
+class _Scope:
+    """The leaves of a query and which columns each can resolve."""
+
+    def __init__(self, tables: Sequence[exp.Table], resolve: Callable[[str], LeafInfo]):
+        self.leaves: list[tuple[str, LeafInfo]] = []
+        seen: set[str] = set()
+        for t in tables:
+            info = resolve(t.name)
+            alias = t.alias_or_name
+            if alias.lower() in seen:
+                raise SqlError(f"two relations in the query are called {alias!r}; "
+                               "give one an alias")
+            seen.add(alias.lower())
+            self.leaves.append((alias, info))
+
+    def visible(self, i: int) -> list[str]:
+        return [c.name for c in self.leaves[i][1].columns if not c.hidden]
+
+    def side_of(self, col: exp.Column) -> int:
+        """Which leaf a column reference belongs to."""
+        if col.table:
+            for i, (alias, _) in enumerate(self.leaves):
+                if alias.lower() == col.table.lower():
+                    return i
+            raise SqlError(f"unknown table alias {col.table!r} in {col.sql(dialect='spark')}")
+        hits = [i for i in range(len(self.leaves))
+                if col.name.lower() in (c.lower() for c in self.visible(i))]
+        if len(hits) != 1:
+            raise SqlError(f"column {col.name!r} is "
+                           f"{'ambiguous' if hits else 'unknown'}; qualify it with a table")
+        return hits[0]
+
+
+def _expand_stars(select: exp.Select, scope: _Scope) -> list[exp.Expr]:
     items: list[exp.Expr] = []
     for item in select.expressions:
-        is_star = isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
-        if is_star:
-            items.extend(exp.column(c, table=alias, quoted=True) for c in visible)
+        if isinstance(item, exp.Star):
+            for i, (alias, _) in enumerate(scope.leaves):
+                items.extend(exp.column(c, table=alias, quoted=True) for c in scope.visible(i))
+        elif isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+            i = scope.side_of(exp.column("x", table=item.table))
+            alias = scope.leaves[i][0]
+            items.extend(exp.column(c, table=alias, quoted=True) for c in scope.visible(i))
         else:
             items.append(item)
     return items
 
 
-def plan_materialized_view(
-    spark: SparkSession,
-    select: exp.Select,
-    upstream_name: str,
-    upstream_columns: Sequence[Column],
-    upstream_key: Sequence[str],
-) -> tuple[MvPlan, list[Column], list[str]]:
-    """Plan ``select`` over the upstream; returns the plan, the MV's columns and key."""
-    table = from_table(select)
-    alias = table.alias_or_name
-    visible = [c.name for c in upstream_columns if not c.hidden]
-    items = _expand_stars(select, alias, visible)
-    where = select.args.get("where")
-    where_sql = where.this.sql(dialect="spark") if where is not None else None
-
-    view = f"__sf_plan_{uuid.uuid4().hex[:12]}"
-    spark.createDataFrame([], user_struct([c for c in upstream_columns if not c.hidden])) \
-        .createOrReplaceTempView(view)
+def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
+             items: Sequence[exp.Expr], where: exp.Expr | None,
+             group: Sequence[exp.Expr] | None = None, having: exp.Expr | None = None,
+             ) -> StructType:
+    """Spark's schema of ``SELECT items FROM leaves [JOIN] WHERE ...`` over empty
+    relations with the leaves' visible columns."""
+    views: list[str] = []
+    tables: list[exp.Table] = []
     try:
-        probe = exp.select(*[i.copy() for i in items]).from_(
-            exp.Table(this=exp.to_identifier(view), alias=exp.TableAlias(
-                this=exp.to_identifier(alias))))
+        for alias, info in scope.leaves:
+            view = f"__sf_plan_{uuid.uuid4().hex[:12]}"
+            spark.createDataFrame([], user_struct([c for c in info.columns if not c.hidden])) \
+                .createOrReplaceTempView(view)
+            views.append(view)
+            tables.append(exp.Table(this=exp.to_identifier(view),
+                                    alias=exp.TableAlias(this=exp.to_identifier(alias))))
+        probe = exp.select(*[i.copy() for i in items]).from_(tables[0])
+        for j, t in zip(select.args.get("joins") or [], tables[1:], strict=False):
+            join = j.copy()
+            join.set("this", t)
+            probe.append("joins", join)
         if where is not None:
-            probe = probe.where(where.this.copy())
-        schema = spark.sql(probe.sql(dialect="spark")).schema
+            probe = probe.where(where.copy())
+        if group:
+            probe = probe.group_by(*[g.copy() for g in group])
+        if having is not None:
+            probe = probe.having(having.copy())
+        return spark.sql(probe.sql(dialect="spark")).schema
     finally:
-        spark.catalog.dropTempView(view)
+        for view in views:
+            spark.catalog.dropTempView(view)
 
-    names = [f.name for f in schema.fields]
+
+def _column_of(name: str, type_string: str, nullable: bool, hidden: bool = False) -> Column:
+    try:
+        type_name = normalize_type_name(type_string)
+    except SqlError as exc:
+        raise UnsupportedQuery(
+            f"column {name!r} has type {type_string}, which sparkfill cannot store yet"
+        ) from exc
+    return Column(name, type_name, nullable, hidden)
+
+
+def _check_names(names: Sequence[str]) -> None:
     seen: set[str] = set()
     for n in names:
         if n.lower() in seen:
@@ -175,39 +384,262 @@ def plan_materialized_view(
         if n.startswith("_sf_") or n in ("_vnode", "_epoch", "_op"):
             raise SqlError(f"column name {n!r} is reserved; choose another alias")
         seen.add(n.lower())
-    columns: list[Column] = []
-    for f in schema.fields:
-        try:
-            type_name = normalize_type_name(f.dataType.simpleString())
-        except SqlError as exc:
-            raise UnsupportedQuery(
-                f"MV column {f.name!r} has type {f.dataType.simpleString()}, which sparkfill "
-                "cannot store yet") from exc
-        columns.append(Column(f.name, type_name, True))
-    outputs = tuple((n, i.unalias().sql(dialect="spark"))
-                    for n, i in zip(names, items, strict=True))
 
-    by_name = {c.name: c for c in upstream_columns}
-    key: list[str] = []
-    hidden: list[tuple[str, str]] = []
-    for k in upstream_key:
-        chosen = None
-        for name, item in zip(names, items, strict=True):
-            ref = item.unalias()
-            if (isinstance(ref, exp.Column) and ref.name.lower() == k.lower()
-                    and not by_name[k].hidden):
+
+def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSpec | None:
+    joins = select.args.get("joins") or []
+    if not joins:
+        return None
+    join = joins[0]
+    on = join.args["on"]
+    conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
+    pairs: list[tuple[exp.Column, exp.Column]] = []
+    for c in conjuncts:
+        if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) \
+                and isinstance(c.expression, exp.Column):
+            left, right = c.this, c.expression
+            sides = (scope.side_of(left), scope.side_of(right))
+            if sides == (0, 1):
+                pairs.append((left, right))
+            elif sides == (1, 0):
+                pairs.append((right, left))
+    if not pairs:
+        raise UnsupportedQuery(
+            f"the join condition {on.sql(dialect='spark')} has no equality between a column "
+            "of each side; non-equi joins are not supported")
+    # a common type per key pair, from Spark: both sides' JSON of equal keys is then equal
+    probe_items = [exp.alias_(exp.Array(expressions=[a.copy(), b.copy()]), f"k{i}")
+                   for i, (a, b) in enumerate(pairs)]
+    schema = _analyze(spark, scope, select, probe_items, None)
+    left_exprs, right_exprs = [], []
+    for i, (a, b) in enumerate(pairs):
+        common = schema.fields[i].dataType.elementType.simpleString()  # type: ignore[attr-defined]
+        left_exprs.append(f"CAST(`{_leaf_column(scope, a)}` AS {common})")
+        right_exprs.append(f"CAST(`{_leaf_column(scope, b)}` AS {common})")
+    side = (join.args.get("side") or "").upper()
+    return JoinSpec("left" if side == "LEFT" else "inner", on.sql(dialect="spark"),
+                    (tuple(left_exprs), tuple(right_exprs)))
+
+
+def _direct_column(item: exp.Expr) -> exp.Column | None:
+    ref = item.unalias()
+    return ref if isinstance(ref, exp.Column) and not isinstance(ref.this, exp.Star) else None
+
+
+def plan_materialized_view(
+    spark: SparkSession,
+    select: exp.Select,
+    resolve: Callable[[str], LeafInfo],
+    mv_name: str,
+) -> PlannedMv:
+    """Plan ``select``; ``resolve`` maps a relation name to what it holds."""
+    scope = _Scope(leaf_tables(select), resolve)
+    items = _expand_stars(select, scope)
+    where = select.args.get("where")
+    where_expr = where.this if where is not None else None
+    where_sql = where_expr.sql(dialect="spark") if where_expr is not None else None
+    join = _join_spec(spark, scope, select)
+    group_node = select.args.get("group")
+    group_items = list(group_node.expressions) if group_node is not None else []
+    having_node = select.args.get("having")
+    having = having_node.this if having_node is not None else None
+    is_agg = bool(group_items) or bool(select.args.get("distinct")) or bool(_aggregates(select))
+
+    # the MV's visible schema, from Spark's analysis of the whole query
+    if select.args.get("distinct"):
+        schema = _analyze(spark, scope, select, items, where_expr,
+                          group=[i.unalias() for i in items])
+    else:
+        schema = _analyze(spark, scope, select, items, where_expr, group=group_items, having=having)
+    names = [f.name for f in schema.fields]
+    _check_names(names)
+    visible = [_column_of(f.name, f.dataType.simpleString(), True) for f in schema.fields]
+
+    # the row stage's key: both leaves' keys (a LEFT JOIN's right key as one JSON string)
+    row_key_exprs: list[tuple[str, str, str | None]] = []  # (name, sql, type or None=probe)
+    for i, (alias, info) in enumerate(scope.leaves):
+        prefix = HIDDEN_PREFIX if len(scope.leaves) == 1 else f"{HIDDEN_PREFIX}{alias}_"
+        if join is not None and join.how == "left" and i == 1:
+            fields = ", ".join(f"`{alias}`.`{k}` AS k{n}" for n, k in enumerate(info.key))
+            row_key_exprs.append((f"{HIDDEN_PREFIX}{alias}", f"to_json(struct({fields}))",
+                                  "string"))
+            continue
+        types = {c.name: c.type for c in info.columns}
+        for k in info.key:
+            name = k if (k.startswith(HIDDEN_PREFIX) and len(scope.leaves) == 1) \
+                else f"{prefix}{k}"
+            row_key_exprs.append((name, f"`{alias}`.`{k}`", types[k]))
+
+    states: list[StateDef] = []
+    if join is not None:
+        for i, role in enumerate(("left", "right")):
+            _, info = scope.leaves[i]
+            cols = (*info.columns, Column(JOIN_KEY, "string", False, hidden=True))
+            states.append(StateDef(role, tuple(cols), (JOIN_KEY, *info.key), (JOIN_KEY,)))
+
+    if not is_agg:
+        rows: list[tuple[str, str]] = [(n, i.unalias().sql(dialect="spark"))
+                                       for n, i in zip(names, items, strict=True)]
+        columns = list(visible)
+        key: list[str] = []
+        for name, sql, type_ in row_key_exprs:
+            chosen = None
+            for out, item in zip(names, items, strict=True):
+                ref = _direct_column(item)
+                if ref is not None and sql == f"`{scope.leaves[scope.side_of(ref)][0]}`." \
+                        f"`{_leaf_column(scope, ref)}`":
+                    chosen = out
+                    break
+            if chosen is None:
                 chosen = name
-                break
-        if chosen is None:
-            chosen = k if k.startswith(HIDDEN_PREFIX) else f"{HIDDEN_PREFIX}{k}"
-            hidden.append((chosen, k))
-            columns.append(Column(chosen, by_name[k].type, False, hidden=True))
-        key.append(chosen)
-    key_set = set(key)
-    columns = [Column(c.name, c.type, c.nullable and c.name not in key_set, c.hidden)
-               for c in columns]
-    plan = MvPlan(upstream_name, alias, where_sql, outputs, tuple(hidden))
-    return plan, columns, key
+                rows.append((name, sql))
+                assert type_ is not None
+                columns.append(Column(name, type_, False, hidden=True))
+            key.append(chosen)
+        key_set = set(key)
+        columns = [Column(c.name, c.type, c.nullable and c.name not in key_set, c.hidden)
+                   for c in columns]
+        plan = MvPlan(tuple(Leaf(a, info.name) for a, info in scope.leaves), join, where_sql,
+                      tuple(rows), tuple(key), None)
+        return PlannedMv(plan, columns, key, states)
+
+    # --- aggregate stage: group values and aggregate arguments become row columns
+    if select.args.get("distinct"):
+        group_exprs = [i.unalias() for i in items]
+    else:
+        group_exprs = [_resolve_group_item(g, items) for g in group_items]
+    row_exprs: list[tuple[str, exp.Expr]] = []
+    group_cols: list[str] = []
+    for n, g in enumerate(group_exprs):
+        group_cols.append(f"_sf_g{n}")
+        row_exprs.append((f"_sf_g{n}", g))
+    arg_cols: dict[str, str] = {}
+    agg_cols: dict[str, str] = {}
+    aggs: list[tuple[str, str]] = []
+
+    def arg_column(e: exp.Expr) -> exp.Expr:
+        if isinstance(e, exp.Literal | exp.Star):
+            return e
+        sql = e.sql(dialect="spark")
+        if sql not in arg_cols:
+            arg_cols[sql] = f"_sf_x{len(arg_cols)}"
+            row_exprs.append((arg_cols[sql], e.copy()))
+        return exp.column(arg_cols[sql])
+
+    def agg_column(node: exp.AggFunc) -> exp.Expr:
+        sql = node.sql(dialect="spark")
+        if sql not in agg_cols:
+            rewritten = node.copy()
+            for key_, value in list(rewritten.args.items()):
+                if isinstance(value, exp.Distinct):
+                    value.set("expressions", [arg_column(x) for x in value.expressions])
+                elif isinstance(value, exp.Expr) and key_ == "this":
+                    rewritten.set(key_, arg_column(value))
+                elif isinstance(value, list) and key_ == "expressions":
+                    rewritten.set(key_, [arg_column(x) for x in value])
+            agg_cols[sql] = f"_sf_a{len(agg_cols)}"
+            aggs.append((agg_cols[sql], rewritten.sql(dialect="spark")))
+        return exp.column(agg_cols[sql])
+
+    group_sql = {g.sql(dialect="spark"): group_cols[n] for n, g in enumerate(group_exprs)}
+
+    def over_groups(tree: exp.Expr) -> exp.Expr:
+        def rewrite(node: exp.Expr) -> exp.Expr:
+            if isinstance(node, exp.AggFunc):
+                return agg_column(node)
+            sql = node.sql(dialect="spark")
+            if sql in group_sql and not isinstance(node, exp.Literal):
+                return exp.column(group_sql[sql])
+            return node
+        return tree.copy().transform(rewrite)
+
+    outputs = [(n, over_groups(i.unalias()).sql(dialect="spark"))
+               for n, i in zip(names, items, strict=True)]
+    having_sql = over_groups(having).sql(dialect="spark") if having is not None else None
+    for _, sql in outputs + ([("", having_sql)] if having_sql else []):
+        leftover = [c for c in sqlglot.parse_one(sql, read="spark").find_all(exp.Column)
+                    if not c.name.startswith("_sf_")]
+        if leftover:
+            raise SqlError(f"column {leftover[0].sql(dialect='spark')} must appear in GROUP BY "
+                           "or inside an aggregate")
+
+    # types of the row stage's columns, from Spark
+    row_schema = _analyze(spark, scope, select,
+                          [exp.alias_(e.copy(), n) for n, e in row_exprs], where_expr)
+    row_columns = [_column_of(f.name, f.dataType.simpleString(), True)
+                   for f in row_schema.fields]
+    rows = [(n, e.sql(dialect="spark")) for n, e in row_exprs]
+    key_cols: list[Column] = []
+    for name, sql, type_ in row_key_exprs:
+        rows.append((name, sql))
+        assert type_ is not None
+        key_cols.append(Column(name, type_, False, hidden=True))
+    row_key = tuple(c.name for c in key_cols)
+    agg_state_cols = (Column(GROUP_OF_ROW, "string", False, hidden=True),
+                      *[Column(c.name, c.type, True, hidden=True) for c in row_columns],
+                      *key_cols)
+    states.append(StateDef("agg", agg_state_cols, (GROUP_OF_ROW, *row_key), (GROUP_OF_ROW,)))
+    columns = [*visible, Column(GROUP_KEY, "string", False, hidden=True)]
+    plan = MvPlan(tuple(Leaf(a, info.name) for a, info in scope.leaves), join, where_sql,
+                  tuple(rows), row_key,
+                  AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs)))
+    return PlannedMv(plan, columns, [GROUP_KEY], states)
+
+
+def _leaf_column(scope: _Scope, ref: exp.Column) -> str:
+    """The stored name of the leaf column a reference points at."""
+    i = scope.side_of(ref)
+    for c in scope.visible(i):
+        if c.lower() == ref.name.lower():
+            return c
+    raise SqlError(f"unknown column {ref.sql(dialect='spark')}")
+
+
+def _resolve_group_item(g: exp.Expr, items: Sequence[exp.Expr]) -> exp.Expr:
+    """A GROUP BY item as an expression: ordinals and output aliases resolved."""
+    if isinstance(g, exp.Literal) and not g.is_string:
+        n = int(g.this)
+        if not 1 <= n <= len(items):
+            raise SqlError(f"GROUP BY {n}: the query selects {len(items)} columns")
+        return items[n - 1].unalias().copy()
+    if isinstance(g, exp.Column) and not g.table:
+        for item in items:
+            if isinstance(item, exp.Alias) and item.alias.lower() == g.name.lower() \
+                    and not isinstance(item.this, exp.Column):
+                return item.this.copy()
+    return g.copy()
+
+
+def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
+    """The operator plan as an indented tree, with keys and state tables."""
+    lines: list[str] = []
+    states = dict(zip(("left", "right") if plan.join else (), plan.states, strict=False))
+    agg_state = plan.states[-1] if plan.agg is not None and plan.states else None
+    lines.append(f"Materialize {name}  key=({', '.join(key)})")
+    depth = 1
+    if plan.agg is not None:
+        aggs = ", ".join(sql for _, sql in plan.agg.aggs) or "-"
+        lines.append("  " * depth + f"HashAggregate  group=({', '.join(plan.agg.group)}) "
+                     f"aggs=({aggs})" + (f" having={plan.agg.having}" if plan.agg.having
+                                         else "") + f"  state={agg_state}")
+        depth += 1
+    lines.append("  " * depth + f"Project  ({', '.join(n for n, _ in plan.rows)})  "
+                 f"key=({', '.join(plan.row_key)})")
+    depth += 1
+    if plan.where:
+        lines.append("  " * depth + f"Filter  {plan.where}")
+        depth += 1
+    if plan.join is not None:
+        lines.append("  " * depth + f"HashJoin {plan.join.how.upper()}  on={plan.join.on}")
+        depth += 1
+        for (alias, rel), role in zip([(lf.alias, lf.relation) for lf in plan.leaves],
+                                      ("left", "right"), strict=True):
+            lines.append("  " * depth + f"BackfillScan {rel} AS {alias}  "
+                         f"state={states.get(role)}")
+    else:
+        leaf = plan.leaves[0]
+        lines.append("  " * depth + f"BackfillScan {leaf.relation} AS {leaf.alias}")
+    return "\n".join(lines)
 
 
 def parse_query(sql: str) -> exp.Expr:
@@ -215,3 +647,7 @@ def parse_query(sql: str) -> exp.Expr:
         return sqlglot.parse_one(sql, read="spark")
     except sqlglot.errors.ParseError as exc:
         raise SqlError(f"cannot parse query: {exc}") from exc
+
+
+def unknown(name: str) -> UnknownRelation:
+    return UnknownRelation(f"no table or materialized view named {name!r}")

@@ -28,8 +28,10 @@ class JobProgress:
     eta_seconds: float | None
     vnodes_done: int = 0
     paused: bool = False
-    #: no progress for several epochs while not paused
+    #: no progress for several epochs while not paused (snapshot: the lag grew)
     stalled: bool = False
+    #: snapshot strategy, catching up: committed epochs not yet consumed from the log
+    lag_epochs: int | None = None
 
     @property
     def fraction_done(self) -> float:

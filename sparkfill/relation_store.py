@@ -187,11 +187,13 @@ class RelationStore:
         after: Position | None = None,
         vnode_hi: int | None = None,
         vnodes: Sequence[int] | None = None,
+        files: Sequence[DataFile] | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
-        whose vnode range can hold such rows are read."""
-        files = self.files_at(rel, epoch)
+        whose vnode range can hold such rows are read. ``files``: the relation's
+        files at ``epoch``, when the caller resolved them (no meta-store access)."""
+        files = self.files_at(rel, epoch) if files is None else list(files)
         lo_v = after.vnode if after is not None else 0
         hi_v = vnode_hi if vnode_hi is not None else 255
         selected = [f for f in files if f.vnode_max >= lo_v and f.vnode_min <= hi_v]
@@ -243,7 +245,7 @@ class RelationStore:
     # --- writes ---------------------------------------------------------------------------
 
     def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str,
-                     rows: int) -> list[AddAction | RemoveAction]:
+                     rows: int, register: bool = True) -> list[AddAction | RemoveAction]:
         table_path = self.path(rel)
         out = table_path / subdir
         n_files = max(1, math.ceil(rows / self.target_file_rows))
@@ -254,7 +256,8 @@ class RelationStore:
         ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
         schema = physical_struct(rel.columns)
         ordered = ordered.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
-        self.meta.add_pending_dir(rel.id, str(out))
+        if register:
+            self.meta.add_pending_dir(rel.id, str(out))
         ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
         actions: list[AddAction | RemoveAction] = []
         first_key = rel.key[0]
@@ -270,7 +273,7 @@ class RelationStore:
         Delta version that holds it. Idempotent per epoch."""
         table_path = str(self.path(rel))
         dt = DeltaTable(table_path)
-        if (dt.transaction_version(APP_ID) or 0) >= epoch:
+        if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
             return int(dt.version())
         subdir = f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
         actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir, rows)
@@ -280,6 +283,34 @@ class RelationStore:
                 app_transactions=[Transaction(APP_ID, epoch, int(time.time() * 1000))]),
         )
         self.meta.remove_pending_dir(str(self.path(rel) / subdir))
+        return int(DeltaTable(table_path).version())
+
+    def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
+                      rows: int, tag: str) -> list[dict[str, Any]]:
+        """Write live rows (columns + ``_vnode``) as ``+`` log files of ``epoch`` that
+        no commit references yet (no meta-store access: safe off the epoch loop's
+        thread); returns their add actions, for ``commit_files``."""
+        subdir = f"log/e{epoch:010d}-{tag}-{uuid.uuid4().hex[:8]}"
+        df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
+        actions = self._write_files(rel, df, subdir, rows, register=False)
+        return [{"path": a.path, "size": a.size, "stats": a.stats} for a in actions
+                if isinstance(a, AddAction)]
+
+    def commit_files(self, rel: StoredRelation, epoch: int,
+                     files: Sequence[dict[str, Any]]) -> int:
+        """Commit prepared files as the relation's append of ``epoch`` (idempotent per
+        epoch, like ``append``); returns the Delta version that holds them."""
+        table_path = str(self.path(rel))
+        dt = DeltaTable(table_path)
+        if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
+            return int(dt.version())
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f["path"], int(f["size"]), {}, now_ms, True, f["stats"]) for f in files]
+        dt.create_write_transaction(
+            actions, mode="append", schema=dt.schema(),
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(APP_ID, epoch, now_ms)]))
         return int(DeltaTable(table_path).version())
 
     def needs_compaction(self, rel: StoredRelation, epoch: int) -> bool:

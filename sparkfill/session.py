@@ -28,6 +28,8 @@ SESSION_CONF: dict[str, str] = {
     "spark.scheduler.mode": "FAIR",
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # an epoch's plans reuse cached Δs many times; their full text is never needed
+    "spark.sql.maxPlanStringLength": "65536",
 }
 
 

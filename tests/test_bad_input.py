@@ -345,12 +345,16 @@ def test_unknown_column_mv(fx):
 # --------------------------------------------------------------------------- #
 
 UNSUPPORTED = [
-    ("group_by", "SELECT cust, count(*) AS c FROM orders GROUP BY cust", ("group by", "aggregat")),
-    ("aggregate", "SELECT sum(amount) AS s FROM orders", ("aggregat", "sum")),
-    ("join", "SELECT a.order_id FROM orders a JOIN orders b ON a.order_id = b.order_id", ("join",)),
+    ("full_join", "SELECT a.order_id FROM orders a FULL OUTER JOIN orders b "
+     "ON a.order_id = b.order_id", ("full outer join",)),
+    ("non_equi_join", "SELECT a.order_id FROM orders a JOIN orders b ON a.amount < b.amount",
+     ("non-equi",)),
+    ("three_way_join", "SELECT a.order_id FROM orders a JOIN orders b ON a.order_id = b.order_id "
+     "JOIN orders c ON a.order_id = c.order_id", ("at most two",)),
     ("order_by", "SELECT order_id FROM orders ORDER BY amount", ("order by",)),
     ("limit", "SELECT order_id FROM orders LIMIT 5", ("limit",)),
-    ("distinct", "SELECT DISTINCT cust FROM orders", ("distinct",)),
+    ("distinct_agg", "SELECT DISTINCT cust, count(*) AS c FROM orders GROUP BY cust",
+     ("distinct",)),
     ("union", "SELECT order_id FROM orders UNION ALL SELECT order_id FROM orders", ("union",)),
     (
         "window",

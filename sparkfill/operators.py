@@ -1,0 +1,251 @@
+"""Operators: from the changes of an MV's leaves in one epoch to the MV's
+changelog and the changelogs of its state tables.
+
+Invariant: with ``V_i(e)`` the rows of leaf ``i`` the MV has taken in so far
+(all of it once created, the backfilled part while creating), after epoch ``e``
+
+* ``MV(e) = Q(V_1(e), V_2(e))``;
+* a join side's state table holds ``V_i(e)``, keyed ``(join key JSON, leaf key)``;
+* an aggregate's state table holds its input rows, keyed ``(group JSON, row key)``.
+
+A stateful operator recomputes only the partitions — join keys, groups — that
+the epoch's changes touch: the old rows from its state at ``e-1``, the new rows
+from that state with the changes applied; the difference of the two is the
+output. Reads of a state table are pruned to the touched partitions' vnodes and
+filtered by a broadcast of the touched keys, so an epoch's work follows its
+changes, not the size of the state (global aggregates, one partition, excepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyspark import StorageLevel
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .catalog import Relation
+from .changelog import after_images, before_images, consolidate
+from .planner import GROUP_KEY, GROUP_OF_ROW, JOIN_KEY, MvPlan
+from .relation_store import RelationStore
+from .schema import VNODE, vnode_expr
+
+__all__ = ["Change", "change_of", "DataflowResult", "MvDataflow"]
+
+
+@dataclass
+class Change:
+    """One epoch's change of a set of rows: ``before`` rows leave, ``after`` rows
+    arrive (whole images, at most one per key on each side)."""
+
+    before: DataFrame
+    after: DataFrame
+
+
+def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
+    """A relation's consolidated changelog as a ``Change`` over ``columns``."""
+    if delta is None:
+        return None
+    return Change(before_images(delta).select(*columns), after_images(delta).select(*columns))
+
+
+@dataclass
+class DataflowResult:
+    delta: DataFrame | None
+    #: changelog of each state table (by relation id), to append with the epoch
+    state_deltas: dict[int, DataFrame] = field(default_factory=dict)
+    #: DataFrames persisted for this epoch, to release after its commit
+    cached: list[DataFrame] = field(default_factory=list)
+    #: the epoch the Δs are appended as (a snapshot job catching up: an earlier one)
+    tag: int | None = None
+
+
+def _persist(df: DataFrame, cached: list[DataFrame]) -> DataFrame:
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(df)
+    return df
+
+
+def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
+    if not columns:
+        return F.lit("{}")
+    return F.to_json(F.struct(*[c.alias(f"k{i}") for i, c in enumerate(columns)]))
+
+
+def _group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
+    """A group's values as JSON: the aggregate MV's key and its state's partition."""
+    def normalized(name: str) -> SparkColumn:
+        col = F.col(name)
+        if types.get(name) in ("double", "float"):
+            # Spark groups -0.0 with 0.0: their JSON must agree too
+            return F.when(col == 0, F.lit(0.0).cast(types[name])).otherwise(col)
+        return col
+    return _json_key([normalized(g) for g in group])
+
+
+class MvDataflow:
+    """Runs one MV's operators for one epoch."""
+
+    def __init__(self, spark: SparkSession, store: RelationStore) -> None:
+        self.spark = spark
+        self.store = store
+
+    def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
+            changes: Sequence[Change | None], epoch: int, initial: bool) -> DataflowResult:
+        """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
+        the job's first epoch (a global aggregate emits its row for empty input)."""
+        plan = mv.plan
+        assert plan is not None
+        result = DataflowResult(None)
+        names = [c.name for c in mv.columns]
+
+        # stage 1: rows — filter/project over one leaf, or over a recomputed join
+        if plan.join is None:
+            change = changes[0]
+            rows = None if change is None else Change(
+                self.project(plan, [change.before]), self.project(plan, [change.after]))
+        else:
+            rows = self._join(plan, leaves, states[:2], changes, epoch, result)
+
+        # stage 2: the aggregate, or the rows themselves, become the MV's changelog
+        if plan.agg is None:
+            if rows is not None:
+                result.delta = consolidate(rows.before.select(*names),
+                                           rows.after.select(*names), names, mv.key)
+            return result
+        result.delta = self._aggregate(mv, plan, states[-1], rows, epoch, initial, result)
+        return result
+
+    # --- row stage ------------------------------------------------------------------------
+
+    def project(self, plan: MvPlan, inputs: Sequence[DataFrame]) -> DataFrame:
+        if plan.join is None:
+            df = inputs[0].alias(plan.leaves[0].alias)
+        else:
+            left = inputs[0].alias(plan.leaves[0].alias)
+            right = inputs[1].alias(plan.leaves[1].alias)
+            df = left.join(right, F.expr(plan.join.on), plan.join.how)
+        if plan.where:
+            df = df.where(F.expr(plan.where))
+        return df.select(*[F.expr(sql).alias(name) for name, sql in plan.rows])
+
+    def _join(self, plan: MvPlan, leaves: Sequence[Relation], states: Sequence[Relation],
+              changes: Sequence[Change | None], epoch: int, result: DataflowResult,
+              ) -> Change | None:
+        """The join's rows before and after this epoch, for the join keys it touched;
+        each side's state table takes that side's change."""
+        assert plan.join is not None
+        keyed: list[Change | None] = []
+        touched: list[DataFrame] = []
+        for side, change in enumerate(changes):
+            if change is None:
+                keyed.append(None)
+                continue
+            state = states[side]
+            cols = [col.name for col in state.columns]
+            delta = _persist(consolidate(self.side_rows(plan, side, change.before, state),
+                                         self.side_rows(plan, side, change.after, state),
+                                         cols, state.key, (JOIN_KEY,)), result.cached)
+            result.state_deltas[state.id] = delta
+            keyed.append(Change(before_images(delta).select(*cols),
+                                after_images(delta).select(*cols)))
+            touched.append(delta.select(JOIN_KEY))
+        if not touched:
+            return None
+        keys = touched[0]
+        for t in touched[1:]:
+            keys = keys.unionByName(t)
+        keys = _persist(keys.distinct().withColumn(VNODE, vnode_expr([JOIN_KEY])), result.cached)
+        vnodes = [int(r[0]) for r in keys.select(VNODE).distinct().collect()]
+        if not vnodes:
+            return None
+        olds, news = [], []
+        for side, state in enumerate(states):
+            leaf_cols = [c.name for c in leaves[side].columns]
+            old = _persist(self.store.snapshot(state.stored, epoch - 1, vnodes=vnodes)
+                           .join(F.broadcast(keys.select(JOIN_KEY)), JOIN_KEY, "left_semi"),
+                           result.cached)
+            change = keyed[side]
+            new = old if change is None else old.select(*[c.name for c in state.columns]) \
+                .join(change.before.select(*state.key).unionByName(
+                    change.after.select(*state.key)), list(state.key), "left_anti") \
+                .unionByName(change.after)
+            olds.append(old.select(*leaf_cols))
+            news.append(new.select(*leaf_cols))
+        return Change(self.project(plan, olds), self.project(plan, news))
+
+    @staticmethod
+    def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> DataFrame:
+        """A join side's leaf rows as rows of its state table (with their join key)."""
+        assert plan.join is not None
+        exprs = [F.expr(e) for e in plan.join.key_exprs[side]]
+        return rows.withColumn(JOIN_KEY, _json_key(exprs)).select(
+            *[c.name for c in state.columns])
+
+    @staticmethod
+    def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFrame:
+        """Row-stage rows as rows of the aggregate's state table (with their group)."""
+        assert plan.agg is not None
+        types = {c.name: c.type for c in agg_state.columns}
+        return rows.withColumn(GROUP_OF_ROW, _group_json(plan.agg.group, types)).select(
+            *[c.name for c in agg_state.columns])
+
+    # --- aggregate stage ------------------------------------------------------------------
+
+    def _aggregate(self, mv: Relation, plan: MvPlan, agg_state: Relation,
+                   rows: Change | None, epoch: int, initial: bool,
+                   result: DataflowResult) -> DataFrame | None:
+        assert plan.agg is not None
+        spec = plan.agg
+        cols = [c.name for c in agg_state.columns]
+        delta = None
+        if rows is not None:
+            delta = _persist(consolidate(self.agg_input_rows(plan, agg_state, rows.before),
+                                         self.agg_input_rows(plan, agg_state, rows.after),
+                                         cols, agg_state.key, (GROUP_OF_ROW,)), result.cached)
+            result.state_deltas[agg_state.id] = delta
+        names = [c.name for c in mv.columns]
+        if not spec.group:
+            # a global aggregate: one partition, always one row (before HAVING)
+            if delta is None and not initial:
+                return None
+            old = self.store.snapshot(mv.stored, epoch - 1).select(*names)
+            state = self.store.snapshot(agg_state.stored, epoch - 1).select(*cols)
+            new_input = state if delta is None else self._apply(state, delta, agg_state)
+            return consolidate(old, self.evaluate(mv, plan, new_input), names, mv.key)
+        if delta is None:
+            return None
+        groups = _persist(delta.select(GROUP_OF_ROW).distinct()
+                          .withColumn(VNODE, vnode_expr([GROUP_OF_ROW])), result.cached)
+        vnodes = [int(r[0]) for r in groups.select(VNODE).distinct().collect()]
+        if not vnodes:
+            return None
+        old_input = _persist(
+            self.store.snapshot(agg_state.stored, epoch - 1, vnodes=vnodes)
+            .join(F.broadcast(groups.select(GROUP_OF_ROW)), GROUP_OF_ROW, "left_semi")
+            .select(*cols), result.cached)
+        new_input = self._apply(old_input, delta, agg_state)
+        return consolidate(self.evaluate(mv, plan, old_input),
+                           self.evaluate(mv, plan, new_input), names, mv.key)
+
+    @staticmethod
+    def _apply(rows: DataFrame, delta: DataFrame, state: Relation) -> DataFrame:
+        cols = [c.name for c in state.columns]
+        return rows.join(delta.select(*state.key), list(state.key), "left_anti") \
+            .unionByName(after_images(delta).select(*cols))
+
+    def evaluate(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
+        """The aggregate's output rows over its input ``rows``: the MV's columns."""
+        assert plan.agg is not None
+        spec = plan.agg
+        aggs = [F.expr(sql).alias(name) for name, sql in spec.aggs] or \
+            [F.count(F.lit(1)).alias("_sf_n")]
+        grouped = rows.groupBy(*spec.group).agg(*aggs)
+        if spec.having:
+            grouped = grouped.where(F.expr(spec.having))
+        types = {c.name: c.type for c in mv.columns}
+        out = [F.expr(sql).cast(types[name]).alias(name) for name, sql in spec.outputs]
+        key = _group_json(spec.group, dict(rows.dtypes)).alias(GROUP_KEY)
+        return grouped.select(*out, key)

@@ -1,0 +1,266 @@
+"""Snapshot backfill: a creating job reads a fixed snapshot ``U(s)`` in its own
+background loop, isolated from the upstream's epochs; then it consumes ``U``'s
+change log from ``s`` until it has caught up; then it joins the epoch loop.
+
+Invariants:
+
+* Phase 1 (this module's thread) touches neither the meta store nor any Delta
+  log. Its checkpoints are its own: the chunk plan (``plan.json``) is fixed when
+  the job starts, and a chunk is done exactly when its marker file exists — the
+  marker is written after the chunk's data — so a restarted job redoes at most
+  the chunk it was in. Its last step writes the initial rows of the MV and of its
+  state tables (``Q(U(s))``) as files no commit references yet, then a manifest.
+* The epoch loop commits the manifest's files as each relation's append of epoch
+  ``s`` (idempotent per epoch) and the job's position becomes ``s``.
+* Phases 2 and 3 run in the epoch loop (``SnapshotCatchUp``): with position
+  ``p``, epoch ``e`` consumes the net change of ``U`` over ``(p, q]`` from its log
+  store and appends the result as of ``q``; once the lag is small, ``q = e``
+  (with ``e``'s own change) and the MV is created. So the MV, read as of its
+  position, is always ``Q(U(p))``.
+* While the job exists the upstream keeps the log rows after ``p`` and the files
+  of ``U(s)`` (retention horizon = position; no compaction of the relations it
+  reads or writes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .catalog import Relation
+from .operators import MvDataflow
+from .planner import GROUP_OF_ROW, JOIN_KEY
+from .relation_store import DataFile, RelationStore
+from .schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
+
+__all__ = ["JobControl", "SnapshotJob", "chunk_plan", "job_status", "leaf_span",
+           "SCHEDULER_POOL"]
+
+#: the FAIR scheduler pool of phase 1's Spark jobs
+SCHEDULER_POOL = "sparkfill_snapshot"
+
+
+@dataclass
+class JobControl:
+    """What the epoch loop tells a running job, and what it reports back."""
+
+    rate_limit: int | None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+def chunk_plan(estimates: Sequence[Sequence[float]], chunk_rows: int) -> list[dict[str, int]]:
+    """Chunks of vnode ranges per leaf, each of about ``chunk_rows`` estimated rows."""
+    chunks = []
+    for leaf, estimate in enumerate(estimates):
+        lo, acc = 0, 0.0
+        for v in range(VNODE_COUNT):
+            acc += estimate[v]
+            if acc >= chunk_rows or v == VNODE_COUNT - 1:
+                chunks.append({"leaf": leaf, "lo": lo, "hi": v, "estimate": int(acc)})
+                lo, acc = v + 1, 0.0
+    return chunks
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def job_status(job_dir: Path) -> dict[str, Any]:
+    """Phase 1's checkpoints as the epoch loop sees them: rows done per leaf, and
+    the manifest once the initial rows are written."""
+    plan_path = job_dir / "plan.json"
+    plan = json.loads(plan_path.read_text()) if plan_path.exists() else []
+    rows: dict[int, int] = {}
+    done = 0
+    for c in plan:
+        marker = job_dir / _chunk_name(c) / "_DONE.json"
+        if marker.exists():
+            rows[c["leaf"]] = rows.get(c["leaf"], 0) + int(json.loads(marker.read_text())["rows"])
+            done += 1
+    manifest_path = job_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    return {"rows": rows, "chunks_done": done, "chunks": len(plan), "manifest": manifest}
+
+
+def _chunk_name(c: dict[str, int]) -> str:
+    return f"leaf{c['leaf']}/v{c['lo']:03d}-{c['hi']:03d}"
+
+
+class SnapshotJob(threading.Thread):
+    """Phase 1 of one snapshot-backfill job: read ``U(s)`` chunk by chunk, then
+    write ``Q(U(s))`` for the MV and its state tables."""
+
+    def __init__(self, spark: SparkSession, store: RelationStore, job_dir: Path,
+                 mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
+                 leaf_files: Sequence[Sequence[DataFile]], snapshot_epoch: int,
+                 control: JobControl, parallelism: int) -> None:
+        super().__init__(name=f"sparkfill-snapshot-{mv.name}", daemon=True)
+        self.spark = spark
+        self.store = store
+        self.job_dir = job_dir
+        self.mv = mv
+        self.leaves = list(leaves)
+        self.states = list(states)
+        self.leaf_files = [list(f) for f in leaf_files]
+        self.s = snapshot_epoch
+        self.control = control
+        self.parallelism = parallelism
+        self.dataflow = MvDataflow(spark, store)
+        self.group = f"sparkfill-snapshot-{mv.id}"
+
+    def run(self) -> None:
+        sc = self.spark.sparkContext
+        sc.setLocalProperty("spark.scheduler.pool", SCHEDULER_POOL)
+        sc.setJobGroup(self.group, f"snapshot backfill of {self.mv.name}",
+                       interruptOnCancel=True)
+        try:
+            self._run()
+        except Exception as exc:  # reported through progress; the job restarts on open
+            if not self.control.cancelled.is_set():
+                self.control.error = f"{type(exc).__name__}: {exc}"
+
+    def cancel(self) -> None:
+        self.control.cancelled.set()
+        self.spark.sparkContext.cancelJobGroup(self.group)
+
+    # --- phase 1 --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        plan = json.loads((self.job_dir / "plan.json").read_text())
+        started, rows_read = time.time(), 0
+        for chunk in plan:
+            if self.control.cancelled.is_set():
+                return
+            marker = self.job_dir / _chunk_name(chunk) / "_DONE.json"
+            if marker.exists():
+                continue
+            while self.control.rate_limit == 0:  # paused
+                if self.control.cancelled.wait(0.2):
+                    return
+            rows_read += self._read_chunk(chunk, marker)
+            limit = self.control.rate_limit
+            if limit:
+                ahead = rows_read / limit - (time.time() - started)
+                if ahead > 0 and self.control.cancelled.wait(ahead):
+                    return
+        if not self.control.cancelled.is_set() and \
+                not (self.job_dir / "manifest.json").exists():
+            self._write_initial_rows()
+
+    def _read_chunk(self, chunk: dict[str, int], marker: Path) -> int:
+        leaf = self.leaves[chunk["leaf"]]
+        rows = self.store.snapshot(leaf.stored, self.s,
+                                   vnodes=range(chunk["lo"], chunk["hi"] + 1),
+                                   files=self.leaf_files[chunk["leaf"]])
+        rows = rows.repartition(max(1, self.parallelism)).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            n = rows.count()
+            out = self._chunk_output(chunk["leaf"], rows.drop(VNODE))
+            out.write.mode("overwrite").parquet(str(marker.parent))
+        finally:
+            rows.unpersist()
+        _write_json(marker, {"rows": n})
+        return n
+
+    def _chunk_output(self, leaf: int, rows: DataFrame) -> DataFrame:
+        """What a chunk contributes: a join side's state rows, the aggregate's input
+        rows, or (filter/project) the MV's rows."""
+        plan = self.mv.plan
+        assert plan is not None
+        if plan.join is not None:
+            return self.dataflow.side_rows(plan, leaf, rows, self.states[leaf])
+        projected = self.dataflow.project(plan, [rows])
+        if plan.agg is not None:
+            return self.dataflow.agg_input_rows(plan, self.states[-1], projected)
+        return projected.select(*[c.name for c in self.mv.columns])
+
+    def _chunks_of(self, leaf: int, rel: Relation) -> DataFrame:
+        path = self.job_dir / f"leaf{leaf}"
+        schema = self.spark.createDataFrame([], _schema_of(rel)).schema
+        if not any(path.glob("*/*.parquet")):
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(schema).parquet(str(path / "*"))
+
+    def _write_initial_rows(self) -> None:
+        """``Q(U(s))`` for the MV and each state table, as uncommitted files."""
+        plan = self.mv.plan
+        assert plan is not None
+        targets: list[tuple[Relation, DataFrame, str]] = []
+        if plan.join is not None:
+            sides = []
+            for side, state in enumerate(self.states[:2]):
+                rows = self._chunks_of(side, state)
+                targets.append((state, rows, JOIN_KEY))
+                sides.append(rows.select(*[c.name for c in self.leaves[side].columns]))
+            joined = self.dataflow.project(plan, sides)
+            if plan.agg is not None:
+                agg_rows = self.dataflow.agg_input_rows(plan, self.states[-1], joined)
+                targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
+                mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
+            else:
+                mv_rows = joined.select(*[c.name for c in self.mv.columns])
+        elif plan.agg is not None:
+            agg_rows = self._chunks_of(0, self.states[-1])
+            targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
+            mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
+        else:
+            mv_rows = self._chunks_of(0, self.mv)
+        targets.append((self.mv, mv_rows, ""))
+        manifest: dict[str, Any] = {}
+        for rel, rows, dist in targets:
+            self._clear_uncommitted(rel)
+            rows = rows.withColumn(VNODE, vnode_expr([dist] if dist else list(rel.key))) \
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                n = rows.count()
+                files = self.store.prepare_files(rel.stored, self.s, rows, n, "snap")
+            finally:
+                rows.unpersist()
+            manifest[str(rel.id)] = {"rows": n, "files": files}
+            if self.control.cancelled.is_set():
+                return
+        _write_json(self.job_dir / "manifest.json", manifest)
+
+    def _clear_uncommitted(self, rel: Relation) -> None:
+        """Files of an earlier, interrupted attempt (never committed)."""
+        for d in (self.store.path(rel.stored) / "log").glob(f"e{self.s:010d}-snap-*"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _schema_of(rel: Relation) -> Any:
+    return user_struct(list(rel.columns))
+
+
+def leaf_span(store: RelationStore, leaf: Relation, after: int, upto: int,
+              current: DataFrame | None, epoch: int) -> DataFrame | None:
+    """The log rows of ``leaf`` over ``(after, upto]`` plus, when given, the epoch
+    ``epoch``'s own change (not in the log yet); None when there are none."""
+    files = [f for f in store.files_at(leaf.stored, upto) if f.kind == "log"
+             and f.epoch_max > after and f.epoch_min <= upto] if upto > after else []
+    parts = []
+    if files:
+        parts.append(store.changelog(leaf.stored, after, upto)
+                     .select(*[c.name for c in leaf.columns], VNODE, "_epoch", "_op"))
+    if current is not None:
+        parts.append(current.withColumn("_epoch", F.lit(epoch).cast("bigint"))
+                     .select(*[c.name for c in leaf.columns], VNODE, "_epoch", "_op"))
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
