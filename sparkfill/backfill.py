@@ -202,6 +202,9 @@ class BackfillScan:
             epoch: int) -> ScanResult:
         assert mv.options is not None
         strategy = mv.options.strategy
+        if isinstance(state, Done):  # a finished leaf: all of its changes flow
+            change = leaf_change(upstream, delta_u, F.lit(True), F.lit(True), None)
+            return ScanResult(change, state, pinned_epoch, 0, [])
         pos = state.pos if isinstance(state, InProgress) else None
         done_rows = rows_done(state)
         if strategy == "buffer":
