@@ -283,7 +283,7 @@ class RelationStore:
                 app_transactions=[Transaction(APP_ID, epoch, int(time.time() * 1000))]),
         )
         self.meta.remove_pending_dir(str(self.path(rel) / subdir))
-        return int(DeltaTable(table_path).version())
+        return _committed_version(table_path)
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
                       rows: int, tag: str) -> list[dict[str, Any]]:
@@ -311,7 +311,7 @@ class RelationStore:
             actions, mode="append", schema=dt.schema(),
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(APP_ID, epoch, now_ms)]))
-        return int(DeltaTable(table_path).version())
+        return _committed_version(table_path)
 
     def needs_compaction(self, rel: StoredRelation, epoch: int) -> bool:
         files = self.files_at(rel, epoch)
@@ -334,7 +334,7 @@ class RelationStore:
         table_path = str(self.path(rel))
         dt = DeltaTable(table_path)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
-        new_version = int(DeltaTable(table_path).version())
+        new_version = _committed_version(table_path)
         with self.meta.transaction() as conn:
             self.meta.set_version(conn, rel.id, epoch, new_version)
             self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in old_files])
@@ -346,7 +346,7 @@ class RelationStore:
         table_path = str(self.path(rel))
         dt = DeltaTable(table_path)
         dt.create_write_transaction([], mode="overwrite", schema=dt.schema())
-        return int(DeltaTable(table_path).version())
+        return _committed_version(table_path)
 
     # --- recovery and cleanup -------------------------------------------------------------
 
@@ -401,3 +401,14 @@ def _file_stats(path: Path, columns: Sequence[str]) -> dict[str, Any]:
     return {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
+#: a Delta checkpoint every this many versions keeps loading a table's log short
+CHECKPOINT_EVERY = 50
+
+
+def _committed_version(table_path: str) -> int:
+    """The table's latest version after a commit; writes a checkpoint when due."""
+    dt = DeltaTable(table_path)
+    version = int(dt.version())
+    if version > 0 and version % CHECKPOINT_EVERY == 0:
+        dt.create_checkpoint()
+    return version

@@ -62,6 +62,22 @@ def test_snapshot_merges_log_latest_change_wins_and_time_travels(store, spark):
         (1, "U+", 2), (1, "U-", 2), (2, "+", 3), (2, "-", 2), (3, "-", 3)]
 
 
+def test_delta_checkpoints_keep_every_version_readable(store, spark, tmp_path, monkeypatch):
+    import sparkfill.relation_store as relation_store
+
+    monkeypatch.setattr(relation_store, "CHECKPOINT_EVERY", 2)
+    st_, meta, rel = store
+    _commit(st_, meta, rel, 1, [(1, "a", "+"), (2, "b", "+")], spark)
+    _commit(st_, meta, rel, 2, [(1, "a", "U-"), (1, "a2", "U+")], spark)
+    _commit(st_, meta, rel, 3, [(2, "b", "-"), (3, "c", "+")], spark)
+    log_dir = tmp_path / "relations" / rel.dir / "_delta_log"
+    assert list(log_dir.glob("*.checkpoint.parquet")), sorted(p.name for p in log_dir.iterdir())
+    fresh = RelationStore(spark, tmp_path / "relations", meta)  # no cached file lists
+    assert _snap(fresh, rel, 1) == [(1, "a"), (2, "b")]
+    assert _snap(fresh, rel, 2) == [(1, "a2"), (2, "b")]
+    assert _snap(fresh, rel, 3) == [(1, "a2"), (3, "c")]
+
+
 def test_append_is_idempotent_per_epoch(store, spark):
     st_, meta, rel = store
     v1 = _commit(st_, meta, rel, 1, [(1, "a", "+")], spark)
