@@ -176,6 +176,7 @@ class Engine:
                     self._restart_job(rel)
         self.catalog.reload()
         self.coordinator.recover()
+        self.sinks.sync(self.catalog, self.meta.committed_epoch)
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating" and rel.options \
                     and rel.options.strategy == "snapshot":

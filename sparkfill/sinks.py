@@ -123,17 +123,11 @@ class SinkManager:
             raise SinkError(f"sink {cmd.name!r}: column(s) {', '.join(map(repr, bad))} of "
                             f"{rel.name!r} are not valid Delta column names; alias them in "
                             "the MV")
-        schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in rel.visible_columns])
         sink = SinkRow(self.meta.next_sink_id(), cmd.name, rel.id, "delta", path,
                        {"buckets": buckets, "vacuum_retention_hours": retention},
                        self.meta.committed_epoch)
         existed = p.exists()
-        try:
-            DeltaTable.create(path, schema, mode="error", name=cmd.name)
-            self.meta.add_sink(sink)
-        except BaseException:
-            self._remove(p, existed)
-            raise
+        self.meta.add_sink(sink)  # first: a crash after it leaves a sink the next sync repairs
         try:
             self._sync_one(sink, rel, self.meta.committed_epoch)
         except BaseException:
@@ -186,15 +180,27 @@ class SinkManager:
         for sink in self.meta.sinks():
             self._sync_one(sink, catalog.get_by_id(sink.rel_id), epoch)
 
-    def _sync_one(self, sink: SinkRow, rel: Relation, epoch: int) -> None:
-        if rel.kind == "mv" and (rel.state != "created" or rel.ready_epoch is None
-                                 or epoch < rel.ready_epoch):
-            return
+    @staticmethod
+    def _schema(rel: Relation) -> pa.Schema:
+        return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in rel.visible_columns])
+
+    def _open(self, sink: SinkRow, rel: Relation) -> DeltaTable:
+        """The sink's Delta table, created (empty) when it is not there yet."""
         try:
-            dt = DeltaTable(sink.path)
+            if not DeltaTable.is_deltatable(sink.path):
+                _local(sink.path).mkdir(parents=True, exist_ok=True)
+                return DeltaTable.create(sink.path, self._schema(rel), mode="overwrite",
+                                         name=sink.name)
+            return DeltaTable(sink.path)
         except Exception as exc:  # noqa: BLE001
             raise SinkError(f"sink {sink.name!r}: cannot open its Delta table {sink.path!r}: "
                             f"{exc}") from exc
+
+    def _sync_one(self, sink: SinkRow, rel: Relation, epoch: int) -> None:
+        dt = self._open(sink, rel)
+        if rel.kind == "mv" and (rel.state != "created" or rel.ready_epoch is None
+                                 or epoch < rel.ready_epoch):
+            return
         done = dt.transaction_version(self.app_id(sink))
         if done is not None and int(done) >= epoch:
             return
