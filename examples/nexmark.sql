@@ -41,10 +41,8 @@ SELECT auction, price FROM bid WHERE auction % 123 = 0;
 STEP 1;
 
 -- q3: local item suggestion (person x auction), created online over the
--- history of the first epoch while the streams keep flowing (a small chunk,
--- so that its progress bar has something to show)
-CREATE MATERIALIZED VIEW IF NOT EXISTS q3
-WITH (backfill = 'no_shuffle', backfill_chunk_rows = 100) AS
+-- history of the first epoch while the streams keep flowing (watch its bar)
+CREATE MATERIALIZED VIEW IF NOT EXISTS q3 AS
 SELECT p.name, p.city, p.state, a.id
 FROM auction a JOIN person p ON a.seller = p.id
 WHERE a.category = 10 AND p.state IN ('OR', 'ID', 'CA');

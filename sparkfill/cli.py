@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
     """Run one command; ``spark``: a SparkSession to use instead of building one
     (for embedding and tests)."""
     args = _parser().parse_args(argv)
-    console = Console()
+    # not a terminal (a pipe, a log): wide lines rather than cut names
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     if args.command == "demo":
         from .demo import main as demo_main
 
