@@ -30,7 +30,6 @@ from rich.progress import (
     Progress,
     TaskID,
     TextColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -80,7 +79,7 @@ class EpochLoop:
         self._last_end: float | None = None
         self._progress = Progress(
             TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>10,.0f} rows/s"), TimeRemainingColumn(),
+            TextColumn("{task.fields[rate]:>10,.0f} rows/s"), TextColumn("ETA {task.fields[eta]}"),
             TextColumn("{task.fields[state]}"), auto_refresh=False)
         self._tasks: dict[str, TaskID] = {}
 
@@ -195,12 +194,14 @@ class EpochLoop:
         for j in self.eng.progress():
             if j.name not in self._tasks and j.state != "created":
                 self._tasks[j.name] = self._progress.add_task(j.name, total=None, rate=0.0,
-                                                              state=j.state)
+                                                              state=j.state, eta="-")
             if j.name in self._tasks:
+                eta = ("0s" if j.state == "created" else "-" if j.eta_seconds is None
+                       else f"{j.eta_seconds:,.0f}s")
                 self._progress.update(self._tasks[j.name],
                                       total=max(1, j.rows_total_estimate, j.rows_done),
                                       completed=j.rows_done, rate=j.rows_per_second,
-                                      state=j.state)
+                                      state=j.state, eta=eta)
         if self._tasks:
             parts.append(self._progress)
         return Group(*parts)

@@ -114,6 +114,18 @@ def test_cdc_example_runs_and_matches_its_data(spark, tmp_path, monkeypatch, cap
         assert sink.transaction_version(f"sparkfill-sink-{eng.sinks.find('revenue_sink').id}") \
             == 3
 
+    # run again: IF NOT EXISTS makes the file re-runnable; --until-idle stops at the
+    # first epoch in which no file arrived
+    assert main(["run", "examples/cdc.sql", "--warehouse", str(wh), "--until-idle"],
+                spark=spark) == 0
+    out = capsys.readouterr().out
+    assert "done: 1 epochs this run, committed epoch 4" in out, out
+    # a statement that fails when it runs: exit 1, naming file and line
+    broken = tmp_path / "broken.sql"
+    broken.write_text("SHOW TABLES;\nCREATE MATERIALIZED VIEW x AS SELECT id FROM nope;\n")
+    assert main(["run", str(broken), "--warehouse", str(wh), "--epochs", "0"],
+                spark=spark) == 1
+    assert "broken.sql:2" in capsys.readouterr().out
     # sql: a query prints a table; a bad statement is an error (exit 1)
     assert main(["sql", str(wh), "SELECT reason FROM orders__dead_letter ORDER BY line"],
                 spark=spark) == 0
@@ -125,7 +137,7 @@ def test_cdc_example_runs_and_matches_its_data(spark, tmp_path, monkeypatch, cap
     proc = _cli("status", str(wh))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
-    for text in ("committed epoch 3", "cdc_files", "revenue_sink", "orders__dead_letter"):
+    for text in ("committed epoch 4", "cdc_files", "revenue_sink", "orders__dead_letter"):
         assert text in out, f"{text!r} not in\n{out}"
 
 
