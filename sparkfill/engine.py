@@ -176,7 +176,10 @@ class Engine:
                     self._restart_job(rel)
         self.catalog.reload()
         self.coordinator.recover()
-        self.sinks.sync(self.catalog, self.meta.committed_epoch)
+        try:  # a sink behind after a crash catches up; a broken one must not lock us out
+            self.sinks.sync(self.catalog, self.meta.committed_epoch)
+        except Exception:  # noqa: BLE001 - step() retries it and reports the error
+            pass
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating" and rel.options \
                     and rel.options.strategy == "snapshot":

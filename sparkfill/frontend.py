@@ -226,7 +226,10 @@ def _split_table_options(sql: str) -> tuple[str, dict[str, Any]]:
     open_at = sql.find("(")
     if open_at < 0:
         return sql, {}
-    close = _matching_paren(sql, open_at)
+    try:
+        close = _matching_paren(sql, open_at)
+    except SqlError:
+        return sql, {}  # the parser reports the broken column list
     options, tail = _with_clause(sql[close + 1:], "CREATE TABLE ... WITH")
     if not options:
         return sql, {}
