@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -128,8 +129,8 @@ class DeltaCdfConnector(Connector):
                     idx = pc.add(pc.multiply(version, 4), rank)
                     kind = pc.if_else(pc.less(rank, 2), "D", "U")
                 else:
-                    idx = pa.array(range(rows, rows + n), pa.int64())
-                    kind = pa.array(["U"] * n, pa.string())
+                    idx = pa.array(np.arange(rows, rows + n, dtype=np.int64))
+                    kind = pa.repeat(pa.scalar("U", pa.string()), n)
                 writer.write_batch(pa.record_batch([*cols, idx, kind], schema=target))
                 rows += n
         return rows
