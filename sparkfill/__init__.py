@@ -14,6 +14,8 @@ from .errors import (
     InvalidOption,
     MaterializedViewNotReady,
     RelationExists,
+    SinkError,
+    SourceError,
     SparkfillError,
     SqlError,
     UnknownColumn,
@@ -41,6 +43,8 @@ __all__ = [
     "EpochNotRetained",
     "WarehouseLocked",
     "EngineClosed",
+    "SourceError",
+    "SinkError",
 ]
 
 __version__ = "0.1.0"

@@ -1,17 +1,22 @@
-"""The ``sparkfill`` command line: ``demo``, ``sql`` and ``status``.
+"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` and ``demo``.
 
 Invariant: ``status`` only reads (the meta store, opened read-only, without the
-writer lock), so it is safe beside a running engine; the other commands open
-the warehouse as its writer.
+writer lock), so it is safe beside a running engine; ``run`` and ``sql`` open
+the warehouse as its writer. Exit codes: 0 done, 1 a statement or the engine
+failed (the ``SparkfillError`` message is printed), 2 bad arguments (argparse's
+own, a missing file or warehouse), 130 aborted by a second Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sqlite3
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +24,11 @@ from rich.table import Table
 from .errors import SparkfillError
 
 __all__ = ["main"]
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (name,)).fetchone() is not None
 
 
 def _status(warehouse: Path, console: Console) -> int:
@@ -30,8 +40,10 @@ def _status(warehouse: Path, console: Console) -> int:
     committed = conn.execute("SELECT value FROM kv WHERE key = 'committed_epoch'").fetchone()
     console.print(f"warehouse {warehouse}: committed epoch {committed[0] if committed else 0}")
     table = Table("name", "kind", "strategy", "state", "rows", "backfilled rows", "vnodes done")
+    names: dict[int, str] = {}
     for rel_id, name, kind, state, rows, definition in conn.execute(
             "SELECT id, name, kind, state, row_count, definition FROM relations ORDER BY id"):
+        names[rel_id] = name
         options = json.loads(definition).get("options") or {}
         done, vnodes = conn.execute(
             "SELECT COALESCE(SUM(rows), 0), COALESCE(SUM(state = 'done' AND vnode >= 0), 0) "
@@ -45,40 +57,215 @@ def _status(warehouse: Path, console: Console) -> int:
         table.add_row(name, kind, options.get("strategy", ""), state, f"{rows:,}",
                       f"{done:,}" if kind == "mv" else "", str(vnodes) if kind == "mv" else "")
     console.print(table)
+    if _has_table(conn, "sources"):
+        rows_ = conn.execute("SELECT rel_id, connector, epoch, batch, position, total_rows, "
+                             "total_dead_letters, dead_letter_id FROM sources ORDER BY rel_id"
+                             ).fetchall()
+        if rows_:
+            sources = Table("source", "connector", "last epoch", "batches", "offset",
+                            "rows", "dead letters")
+            for rel_id, connector, epoch, batch, position, rows, dead, dead_id in rows_:
+                sources.add_row(names.get(rel_id, str(rel_id)), connector, str(epoch),
+                                str(batch), position or "", f"{rows:,}",
+                                f"{dead:,}" if dead_id is not None else "")
+            console.print(sources)
+    if _has_table(conn, "sinks"):
+        rows_ = conn.execute("SELECT id, name, rel_id, connector, path FROM sinks ORDER BY id"
+                             ).fetchall()
+        if rows_:
+            from deltalake import DeltaTable
+
+            from .sinks import APP_PREFIX
+
+            sinks = Table("sink", "from", "connector", "path", "epoch written")
+            for sink_id, name, rel_id, connector, path in rows_:
+                try:
+                    written = DeltaTable(path).transaction_version(f"{APP_PREFIX}{sink_id}")
+                except Exception:  # noqa: BLE001 - status reports what it can read
+                    written = None
+                sinks.add_row(name, names.get(rel_id, str(rel_id)), connector, path,
+                              "" if written is None else str(written))
+            console.print(sinks)
     conn.close()
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _frame_table(df: Any, limit: int) -> tuple[Table, bool]:
+    """A rich table of at most ``limit`` rows of a DataFrame; whether rows were cut."""
+    rows = df.limit(limit + 1).collect()
+    table = Table(*df.columns)
+    for r in rows[:limit]:
+        table.add_row(*["NULL" if v is None else str(v) for v in r])
+    return table, len(rows) > limit
+
+
+def _print_frame(console: Console, df: Any, limit: int) -> None:
+    table, cut = _frame_table(df, limit)
+    console.print(table)
+    if cut:
+        console.print(f"[dim](first {limit} rows)[/dim]")
+
+
+def _sql(args: argparse.Namespace, console: Console, spark: Any) -> int:
+    from .engine import Engine
+
+    if not args.warehouse.is_dir():
+        console.print(f"[red]error:[/red] warehouse {args.warehouse} is not a directory")
+        return 2
+    try:
+        with Engine(args.warehouse, spark=spark) as eng:
+            result = eng.sql(args.statement)
+            if result is not None:
+                _print_frame(console, result, args.limit)
+            else:
+                console.print("ok")
+    except SparkfillError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 1
+    return 0
+
+
+def _creating_upstreams(eng: Any, command: Any) -> list[str]:
+    """Creating MVs a CREATE MATERIALIZED VIEW reads (it must wait for them)."""
+    from sqlglot import exp
+
+    from .frontend import CreateMaterializedView
+
+    if not isinstance(command, CreateMaterializedView):
+        return []
+    waiting = []
+    for t in command.query.find_all(exp.Table):
+        rel = eng.catalog.find(t.name)
+        if rel is not None and rel.kind == "mv" and rel.state != "created":
+            waiting.append(rel.name)
+    return waiting
+
+
+def _created(eng: Any, command: Any) -> bool:
+    return not _creating_upstreams(eng, command)
+
+
+def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
+    from .pipeline import parse_pipeline
+
+    path: Path = args.pipeline
+    if not path.is_file():
+        console.print(f"[red]error:[/red] pipeline file {path} does not exist")
+        return 2
+    try:
+        statements = parse_pipeline(path.read_text(), str(path))
+    except SparkfillError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 1
+    from .engine import Engine
+    from .live import EpochLoop, stop_on_signals
+
+    stop = threading.Event()
+    try:
+        with Engine(args.warehouse, spark=spark) as eng, stop_on_signals(stop, console):
+            loop = EpochLoop(eng, console, args.interval, stop)
+            for st in statements:
+                if stop.is_set():
+                    break
+                if st.step is not None:
+                    console.print(f"[dim]{path.name}:{st.line}[/dim] STEP {st.step}")
+                    loop.run(epochs=st.step)
+                    continue
+                waiting = _creating_upstreams(eng, st.command)
+                if waiting:
+                    console.print(f"[dim]{path.name}:{st.line}[/dim] waiting for "
+                                  f"{', '.join(waiting)} to be created", soft_wrap=True)
+                    loop.run(until=functools.partial(_created, eng, st.command))
+                    if stop.is_set():
+                        break
+                console.print(f"[dim]{path.name}:{st.line}[/dim] {st.summary}",
+                              highlight=False, soft_wrap=True)
+                try:
+                    result = eng.sql(st.text)
+                except SparkfillError as exc:
+                    console.print(f"[red]error:[/red] {path}:{st.line}: {exc}", highlight=False)
+                    return 1
+                if result is not None:
+                    _print_frame(console, result, 50)
+            if not stop.is_set():
+                loop.run(epochs=args.epochs, until_idle=args.until_idle)
+            stopped = " (stopped)" if stop.is_set() else ""
+            console.print(f"done{stopped}: {loop.totals.epochs} epochs this run, committed "
+                          f"epoch {eng.committed_epoch}")
+            for name, n in loop.totals.source_rows.items():
+                dead = loop.totals.dead_letters.get(name)
+                console.print(f"  {name}: {n:,} rows" + (f", {dead:,} dead letters"
+                                                         if dead else ""))
+    except SparkfillError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print("[red]aborted[/red]")
+        return 130
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkfill",
                                      description="incremental materialized views on Spark")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the demo (online MV creation with live progress)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run", help="run a pipeline file, then keep stepping epochs with a live display",
+        description="Run the statements of PIPELINE (SQL separated by ';', plus STEP [n] to "
+                    "run n epochs), then keep stepping epochs with a live display until "
+                    "--epochs ran, the pipeline is idle (--until-idle), or Ctrl-C (which "
+                    "stops after the current epoch).")
+    run.add_argument("pipeline", type=Path, metavar="PIPELINE.sql")
+    run.add_argument("--warehouse", type=Path, required=True, metavar="DIR",
+                     help="the warehouse folder (created when missing)")
+    until = run.add_mutually_exclusive_group()
+    until.add_argument("--epochs", type=int, metavar="N",
+                       help="epochs to run after the file's statements")
+    until.add_argument("--until-idle", action="store_true",
+                       help="stop when no MV is being created and no source other than "
+                            "datagen produced anything in the last epoch")
+    run.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
+                     help="start epochs at least this far apart (default 0)")
+    sql = sub.add_parser("sql", help="run one statement against a warehouse",
+                         description="Run one statement; a query or SHOW prints a table.")
+    sql.add_argument("warehouse", type=Path, metavar="DIR")
+    sql.add_argument("statement", metavar="STATEMENT")
+    sql.add_argument("--limit", type=int, default=100, metavar="N",
+                     help="rows to print at most (default 100)")
+    status = sub.add_parser("status", help="print a warehouse's relations, jobs, sources and "
+                                           "sinks (read-only)",
+                            description="Read-only: safe beside a running pipeline.")
+    status.add_argument("warehouse", type=Path, metavar="DIR")
+    demo = sub.add_parser("demo", help="run the demo (online MV creation with live progress)",
+                          description="Run the demo; arguments after 'demo' go to it (see "
+                                      "'sparkfill demo -- --help').", add_help=False)
+    demo.add_argument("-h", "--help", action="help", help="show this help message and exit")
     demo.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the demo")
-    sql = sub.add_parser("sql", help="run one statement against a warehouse")
-    sql.add_argument("warehouse", type=Path)
-    sql.add_argument("statement")
-    status = sub.add_parser("status", help="print a warehouse's relations and jobs (read-only)")
-    status.add_argument("warehouse", type=Path)
-    args = parser.parse_args(argv)
-    console = Console()
+    return parser
+
+
+def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
+    """Run one command; ``spark``: a SparkSession to use instead of building one
+    (for embedding and tests)."""
+    args = _parser().parse_args(argv)
+    # not a terminal (a pipe, a log): wide lines rather than cut names
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     if args.command == "demo":
         from .demo import main as demo_main
 
-        return demo_main(args.args)
+        extra = [a for a in args.args if a != "--"]
+        return demo_main(extra)
     if args.command == "status":
         return _status(args.warehouse, console)
-    from .engine import Engine
-
-    try:
-        with Engine(args.warehouse) as eng:
-            result = eng.sql(args.statement)
-            if result is not None:
-                result.show(truncate=False)
-    except SparkfillError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 1
-    return 0
+    if args.command == "sql":
+        return _sql(args, console, spark)
+    if args.epochs is not None and args.epochs < 0:
+        console.print("[red]error:[/red] --epochs must be >= 0")
+        return 2
+    if args.interval < 0:
+        console.print("[red]error:[/red] --interval must be >= 0")
+        return 2
+    return _run(args, console, spark)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Invariants: every public method either completes or raises a
 ``SparkfillError`` having changed nothing (errors of Spark, delta-rs, SQLite
 and sqlglot are translated here, at the boundary); reads see committed epochs
 only; opening a warehouse recovers it — cleans what no committed epoch refers
-to and re-runs the epoch that was in flight.
+to and re-runs the epoch that was in flight. ``step`` stages each source's
+input for the epoch before running it and brings every sink up to the epoch
+after committing it.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ from .frontend import (
     AlterMaterializedView,
     CancelJobs,
     CreateMaterializedView,
+    CreateSink,
     CreateTable,
     Delete,
     Drop,
+    DropSink,
     Explain,
     InsertValues,
     Query,
@@ -59,12 +63,14 @@ from .frontend import (
     parse_statement,
 )
 from .lock import WriterLock
-from .meta_store import MetaStore
+from .meta_store import MetaStore, SourceRow
 from .options import WAREHOUSE_OPTIONS, resolve_options
 from .planner import LeafInfo, check_supported, explain_plan, plan_materialized_view
 from .progress import EpochReport
 from .relation_store import RelationStore
 from .session import build_spark_session
+from .sinks import SinkManager
+from .sources import SourceManager
 
 __all__ = ["Engine"]
 
@@ -135,6 +141,9 @@ class Engine:
             self.store = RelationStore(self.spark, self.path / "relations", self.meta)
             self.catalog = Catalog(self.meta)
             self.stager = DmlStager(self.spark, self.meta, self.path / "staging" / "dml")
+            self.sources = SourceManager(self.spark, self.meta, self.path / "staging" / "dml",
+                                         self.path)
+            self.sinks = SinkManager(self.spark, self.meta, self.store, self.path)
             self.coordinator = EpochCoordinator(self.spark, self.meta, self.store, self.catalog,
                                                 self.stager, retain_epochs)
             self._session_options: dict[str, Any] = {}
@@ -167,6 +176,10 @@ class Engine:
                     self._restart_job(rel)
         self.catalog.reload()
         self.coordinator.recover()
+        try:  # a sink behind after a crash catches up; a broken one must not lock us out
+            self.sinks.sync(self.catalog, self.meta.committed_epoch)
+        except Exception:  # noqa: BLE001 - step() retries it and reports the error
+            pass
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating" and rel.options \
                     and rel.options.strategy == "snapshot":
@@ -214,8 +227,14 @@ class Engine:
 
     @_boundary
     def step(self) -> EpochReport:
-        """Run and commit one epoch."""
-        return self.coordinator.step()
+        """Run and commit one epoch: stage the sources' input for it, run it, and
+        bring the sinks up to it."""
+        self.sinks.sync(self.catalog, self.meta.committed_epoch)  # behind after a crash
+        self.sources.stage(self.catalog, self.meta.committed_epoch + 1)
+        report = self.coordinator.step()
+        self.sinks.sync(self.catalog, report.epoch)
+        rows, dead = self.sources.report(self.catalog, report.epoch)
+        return replace(report, source_rows=rows, dead_letters=dead)
 
     # --- DML ------------------------------------------------------------------------------
 
@@ -223,6 +242,7 @@ class Engine:
         rel = self.catalog.get(name)
         if rel.kind != "table":
             raise SqlError(f"{name!r} is a materialized view; only tables take DML")
+        self.sources.refuse_dml(rel, self.catalog)
         return rel
 
     @_boundary
@@ -305,11 +325,15 @@ class Engine:
             CancelJobs: self._cancel_jobs,
             Explain: self._explain,
             Verify: lambda c: self.verify(c.name, c.as_of),
+            CreateSink: lambda c: self.sinks.create(c, self.catalog),
+            DropSink: self.sinks.drop,
         }[type(cmd)]
         return handler(cmd)  # type: ignore[operator]
 
-    def _new_relation(self, rel: Relation, states: Sequence[Relation] = ()) -> None:
-        """Create a relation (and an MV's state tables) in one meta-store transaction."""
+    def _new_relation(self, rel: Relation, states: Sequence[Relation] = (),
+                      extra: Callable[[Any], None] | None = None) -> None:
+        """Create a relation (and an MV's state tables, or a source's dead-letter
+        table) in one meta-store transaction; ``extra`` writes more in it."""
         created: list[str] = []
         try:
             versions = []
@@ -323,6 +347,8 @@ class Engine:
                     for leaf in range(len(rel.upstreams)):
                         self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None,
                                                                   leaf))
+                if extra is not None:
+                    extra(conn)
         except BaseException:
             for dir_ in created:
                 self.store.delete(dir_)
@@ -342,10 +368,28 @@ class Engine:
                 return None
             raise RelationExists(f"a relation named {cmd.name!r} already exists")
         rel_id = self.meta.next_relation_id()
-        self._new_relation(Relation(
+        epoch = self.meta.committed_epoch
+        table = Relation(
             id=rel_id, name=cmd.name, kind="table", columns=tuple(cmd.columns),
-            key=tuple(cmd.key), state="created", created_epoch=self.meta.committed_epoch,
-            dir=f"{rel_id:06d}-{cmd.name}", ready_epoch=self.meta.committed_epoch))
+            key=tuple(cmd.key), state="created", created_epoch=epoch,
+            dir=f"{rel_id:06d}-{cmd.name}", ready_epoch=epoch)
+        if not cmd.options:
+            self._new_relation(table)
+            return None
+        source = self.sources.define(cmd.name, table.columns, table.key, cmd.options)
+        owned = []
+        if source.dead_letter is not None:
+            name, columns, key = source.dead_letter
+            if self.catalog.find(name) is not None:
+                raise RelationExists(f"source table {cmd.name!r} needs the name {name!r} for "
+                                     "its dead-letter table, but a relation has it")
+            owned.append(Relation(
+                id=rel_id + 1, name=name, kind="table", columns=columns, key=key,
+                state="created", created_epoch=epoch, dir=f"{rel_id + 1:06d}-{name}",
+                ready_epoch=epoch))
+        row = SourceRow(rel_id, source.connector, source.options,
+                        owned[0].id if owned else None, epoch)
+        self._new_relation(table, owned, lambda conn: self.meta.add_source(conn, row))
         return None
 
     def _create_mv(self, cmd: CreateMaterializedView) -> None:
@@ -400,13 +444,24 @@ class Engine:
             actual = "a table" if rel.kind == "table" else "a materialized view"
             raise SqlError(f"{cmd.name!r} is {actual}; use DROP "
                            f"{'TABLE' if rel.kind == 'table' else 'MATERIALIZED VIEW'}")
-        dependents = self.catalog.dependents(rel.name)
-        if dependents:
-            raise DependentObjects(
-                f"cannot drop {rel.name!r}: materialized view(s) "
-                f"{', '.join(d.name for d in dependents)} read it; drop them first")
-        staged = [b.path for b in self.meta.staged() if b.rel_id == rel.id]
-        states = self.catalog.states_of(rel)
+        owner = self.sources.owner_of_dead_letters(rel)
+        if owner is not None:
+            raise SqlError(f"{rel.name!r} is the dead-letter table of source "
+                           f"{self.catalog.get_by_id(owner.rel_id).name!r}; it is dropped "
+                           "with that table")
+        source = self.sources.source_of(rel)
+        owned = ([self.catalog.get_by_id(source.dead_letter_id)]
+                 if source is not None and source.dead_letter_id is not None else [])
+        for r in (rel, *owned):
+            self.sinks.refuse_drop(r)
+            dependents = self.catalog.dependents(r.name)
+            if dependents:
+                raise DependentObjects(
+                    f"cannot drop {rel.name!r}: materialized view(s) "
+                    f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
+        ids = {r.id for r in (rel, *owned)}
+        staged = [b.path for b in self.meta.staged() if b.rel_id in ids]
+        states = [*self.catalog.states_of(rel), *owned]
         if rel.kind == "mv":
             self.coordinator.snapshots.stop(rel.id, self.coordinator.snapshots.job_dir(rel))
         with self.meta.transaction() as conn:
@@ -456,6 +511,8 @@ class Engine:
         return None
 
     def _show(self, cmd: Show) -> DataFrame:
+        if cmd.what == "sinks":
+            return self.sinks.show(self.catalog)
         rels = self.catalog.all()
         if cmd.what == "tables":
             schema = T.StructType([T.StructField("name", T.StringType()),

@@ -23,6 +23,8 @@ __all__ = [
     "EpochNotRetained",
     "WarehouseLocked",
     "EngineClosed",
+    "SourceError",
+    "SinkError",
 ]
 
 
@@ -80,3 +82,11 @@ class WarehouseLocked(SparkfillError):
 
 class EngineClosed(SparkfillError):
     """The engine was closed."""
+
+
+class SourceError(SparkfillError):
+    """A source cannot read its input (directory, external table, change feed)."""
+
+
+class SinkError(SparkfillError):
+    """A sink cannot write its output (path, Delta table, column names)."""

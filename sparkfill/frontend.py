@@ -20,7 +20,7 @@ from .schema import Column, normalize_type_name
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
-    "AlterMaterializedView", "CancelJobs",
+    "AlterMaterializedView", "CancelJobs", "CreateSink", "DropSink",
     "InsertValues", "Update", "Delete", "Query", "Explain", "Verify", "parse_statement",
 ]
 
@@ -35,6 +35,8 @@ class CreateTable(Command):
     columns: list[Column]
     key: list[str]
     if_not_exists: bool = False
+    #: ``WITH (connector = ..., ...)``: a source table's options (validated by sources)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,7 +75,21 @@ class CancelJobs(Command):
 
 @dataclass
 class Show(Command):
-    what: str  # "tables" | "materialized views" | "jobs"
+    what: str  # "tables" | "materialized views" | "jobs" | "sinks"
+
+
+@dataclass
+class CreateSink(Command):
+    name: str
+    source: str  # the MV (or table) it writes out
+    options: dict[str, Any]
+    if_not_exists: bool = False
+
+
+@dataclass
+class DropSink(Command):
+    name: str
+    if_exists: bool = False
 
 
 @dataclass
@@ -130,8 +146,15 @@ _ALTER = re.compile(
     r"(?P<option>[A-Za-z_][A-Za-z0-9_]*)\s*(=|TO)\s*(?P<value>.+?)\s*;?\s*$",
     re.IGNORECASE | re.DOTALL)
 _CANCEL = re.compile(r"^\s*CANCEL\s+JOBS?\s+(?P<names>.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
-_SHOW = re.compile(r"^\s*SHOW\s+(?P<what>TABLES|MATERIALIZED\s+VIEWS|JOBS)\s*;?\s*$",
+_SHOW = re.compile(r"^\s*SHOW\s+(?P<what>TABLES|MATERIALIZED\s+VIEWS|JOBS|SINKS)\s*;?\s*$",
                    re.IGNORECASE)
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*|`[^`]+`"
+_CREATE_SINK = re.compile(
+    r"^\s*CREATE\s+SINK\s+(?P<ine>IF\s+NOT\s+EXISTS\s+)?(?P<name>" + _IDENT + r")\s+FROM\s+"
+    r"(?P<source>" + _IDENT + r")\s*(?P<rest>.*?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_DROP_SINK = re.compile(r"^\s*DROP\s+SINK\s+(?P<ie>IF\s+EXISTS\s+)?(?P<name>" + _IDENT
+                        + r")\s*;?\s*$", re.IGNORECASE)
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+TABLE\s", re.IGNORECASE)
 
 
 def _literal(text: str) -> Any:
@@ -151,7 +174,7 @@ def _literal(text: str) -> Any:
         return text
 
 
-def _split_options(body: str) -> dict[str, Any]:
+def _split_options(body: str, validate: Any = validate_option) -> dict[str, Any]:
     options: dict[str, Any] = {}
     parts: list[str] = []
     depth, quote, start = 0, "", 0
@@ -176,8 +199,43 @@ def _split_options(body: str) -> dict[str, Any]:
             raise SqlError(f"bad option {part.strip()!r}: expected name = value")
         name, value = part.split("=", 1)
         key = name.strip().lower()
-        options[key] = validate_option(key, _literal(value))
+        options[key] = validate(key, _literal(value))
     return options
+
+
+def _connector_option(name: str, value: Any) -> Any:
+    """Connector options (sources, sinks) are validated by their connector."""
+    return value
+
+
+def _with_clause(rest: str, what: str) -> tuple[dict[str, Any], str]:
+    """Options of a leading ``WITH (...)`` in ``rest`` and the text after it."""
+    m = re.match(r"\s*WITH\s*\(", rest, re.IGNORECASE)
+    if not m:
+        return {}, rest
+    close = _matching_paren(rest, m.end() - 1)
+    options = _split_options(rest[m.end():close], _connector_option)
+    if any(v is None for v in options.values()):
+        raise SqlError(f"{what}: DEFAULT is not an option value here")
+    return options, rest[close + 1:]
+
+
+def _split_table_options(sql: str) -> tuple[str, dict[str, Any]]:
+    """``CREATE TABLE t (...) WITH (...)``: the statement without its WITH clause,
+    and the clause's options."""
+    open_at = sql.find("(")
+    if open_at < 0:
+        return sql, {}
+    try:
+        close = _matching_paren(sql, open_at)
+    except SqlError:
+        return sql, {}  # the parser reports the broken column list
+    options, tail = _with_clause(sql[close + 1:], "CREATE TABLE ... WITH")
+    if not options:
+        return sql, {}
+    if tail.strip().strip(";").strip():
+        raise SqlError(f"unexpected text after WITH (...): {tail.strip()[:40]!r}")
+    return sql[:close + 1], options
 
 
 def _matching_paren(text: str, open_at: int) -> int:
@@ -305,6 +363,23 @@ def parse_statement(sql: str) -> Command:
     if m:
         names = [n.strip().strip("`") for n in m.group("names").split(",") if n.strip()]
         return CancelJobs(names)
+    m = _CREATE_SINK.match(sql)
+    if m:
+        options, tail = _with_clause(m.group("rest"), "CREATE SINK")
+        if tail.strip():
+            raise SqlError("expected CREATE SINK name FROM mv WITH (connector = 'delta', "
+                           "path = '...')")
+        return CreateSink(m.group("name").strip("`"), m.group("source").strip("`"), options,
+                          bool(m.group("ine")))
+    m = _DROP_SINK.match(sql)
+    if m:
+        return DropSink(m.group("name").strip("`"), bool(m.group("ie")))
+    if re.match(r"^\s*(CREATE|DROP)\s+SINK\b", sql, re.IGNORECASE):
+        raise SqlError("expected CREATE SINK [IF NOT EXISTS] name FROM mv WITH (connector = "
+                       "'delta', path = '...') or DROP SINK [IF EXISTS] name")
+    table_options: dict[str, Any] = {}
+    if _CREATE_TABLE.match(sql):
+        sql, table_options = _split_table_options(sql)
     m = _SHOW.match(sql)
     if m:
         return Show(" ".join(m.group("what").lower().split()))
@@ -323,7 +398,9 @@ def parse_statement(sql: str) -> Command:
     if isinstance(tree, exp.Create):
         kind = str(tree.args.get("kind") or "").upper()
         if kind == "TABLE":
-            return _parse_create_table(tree)
+            table = _parse_create_table(tree)
+            table.options = table_options
+            return table
         raise UnsupportedQuery(f"CREATE {kind} is not supported; use CREATE TABLE or "
                                "CREATE MATERIALIZED VIEW")
     if isinstance(tree, exp.Drop):

@@ -1,9 +1,12 @@
-"""The meta store: catalog, committed epoch, staged DML, backfill progress.
+"""The meta store: catalog, committed epoch, staged DML, backfill progress,
+source offsets and sinks.
 
 Invariant: the meta store is the source of truth for what is committed. An
 epoch is committed exactly when ``commit_epoch`` returns; everything it
 records (relation versions, progress, applied DML, row counts) lands in that
-one SQLite transaction. Nothing above the committed epoch is ever read.
+one SQLite transaction. Nothing above the committed epoch is ever read. A
+source's offset advances in the same transaction that stages its input as DML
+(``stage_source``), so an input is staged once and applied by one epoch.
 
 SQLite is the default; the interface is small and plain SQL so that another
 database can serve a cluster.
@@ -19,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetaStore", "RelationRow", "StagedBatch", "ProgressRow", "EpochCommit"]
+__all__ = ["MetaStore", "RelationRow", "StagedBatch", "ProgressRow", "EpochCommit", "SourceRow",
+           "SinkRow"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,6 +56,17 @@ CREATE TABLE IF NOT EXISTS removed_files (rel_id INTEGER NOT NULL, epoch INTEGER
     path TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS epochs (epoch INTEGER PRIMARY KEY, seconds REAL NOT NULL,
     finished_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sources (
+    rel_id INTEGER PRIMARY KEY, connector TEXT NOT NULL, options TEXT NOT NULL,
+    dead_letter_id INTEGER, epoch INTEGER NOT NULL, batch INTEGER NOT NULL DEFAULT 0,
+    position TEXT, rows INTEGER NOT NULL DEFAULT 0, dead_letters INTEGER NOT NULL DEFAULT 0,
+    total_rows INTEGER NOT NULL DEFAULT 0, total_dead_letters INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS source_files (rel_id INTEGER NOT NULL, name TEXT NOT NULL,
+    epoch INTEGER NOT NULL, PRIMARY KEY (rel_id, name));
+CREATE TABLE IF NOT EXISTS sinks (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+    rel_id INTEGER NOT NULL, connector TEXT NOT NULL, path TEXT NOT NULL,
+    options TEXT NOT NULL, created_epoch INTEGER NOT NULL);
 """
 
 
@@ -85,6 +100,38 @@ class ProgressRow:
     pos: Any
     rows: int
     pinned_epoch: int | None
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """A source table: its connector, options and offset."""
+
+    rel_id: int
+    connector: str
+    options: dict[str, Any]
+    dead_letter_id: int | None
+    #: the last epoch it staged input for (its input of that epoch is staged)
+    epoch: int
+    #: batches staged so far
+    batch: int = 0
+    #: the connector's offset after the last batch (JSON)
+    position: Any = None
+    #: rows and dead letters staged for ``epoch``
+    rows: int = 0
+    dead_letters: int = 0
+    total_rows: int = 0
+    total_dead_letters: int = 0
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    id: int
+    name: str
+    rel_id: int
+    connector: str
+    path: str
+    options: dict[str, Any]
+    created_epoch: int
 
 
 @dataclass
@@ -175,7 +222,8 @@ class MetaStore:
                      "VALUES (?, ?, ?)", (rel.id, rel.created_epoch, version))
 
     def drop_relation(self, conn: sqlite3.Connection, rel_id: int) -> None:
-        for table in ("relation_versions", "dml_batches", "removed_files", "pending_dirs"):
+        for table in ("relation_versions", "dml_batches", "removed_files", "pending_dirs",
+                      "sources", "source_files"):
             conn.execute(f"DELETE FROM {table} WHERE rel_id = ?", (rel_id,))
         conn.execute("DELETE FROM backfill_progress WHERE mv_id = ?", (rel_id,))
         conn.execute("DELETE FROM relations WHERE id = ?", (rel_id,))
@@ -227,9 +275,12 @@ class MetaStore:
 
     def stage_dml(self, batch: StagedBatch) -> None:
         with self.transaction() as conn:
-            conn.execute("INSERT INTO dml_batches(seq, rel_id, path, rows) VALUES (?, ?, ?, ?)",
-                         (batch.seq, batch.rel_id, batch.path, batch.rows))
-            self.put(conn, "max_dml_seq", str(batch.seq))
+            self.add_dml(conn, batch)
+
+    def add_dml(self, conn: sqlite3.Connection, batch: StagedBatch) -> None:
+        conn.execute("INSERT INTO dml_batches(seq, rel_id, path, rows) VALUES (?, ?, ?, ?)",
+                     (batch.seq, batch.rel_id, batch.path, batch.rows))
+        self.put(conn, "max_dml_seq", str(batch.seq))
 
     def staged(self, upto: int | None = None) -> list[StagedBatch]:
         bound = upto if upto is not None else 2**62
@@ -237,6 +288,72 @@ class MetaStore:
             "SELECT seq, rel_id, path, rows FROM dml_batches WHERE seq <= ? ORDER BY seq",
             (bound,)).fetchall()
         return [StagedBatch(r[0], r[1], r[2], r[3]) for r in rows]
+
+    # --- sources --------------------------------------------------------------------------
+
+    def add_source(self, conn: sqlite3.Connection, src: SourceRow) -> None:
+        conn.execute(
+            "INSERT INTO sources(rel_id, connector, options, dead_letter_id, epoch, batch, "
+            "position) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (src.rel_id, src.connector, json.dumps(src.options), src.dead_letter_id, src.epoch,
+             src.batch, json.dumps(src.position)))
+
+    def sources(self) -> list[SourceRow]:
+        rows = self._conn.execute("SELECT * FROM sources ORDER BY rel_id").fetchall()
+        return [SourceRow(r["rel_id"], r["connector"], json.loads(r["options"]),
+                          r["dead_letter_id"], r["epoch"], r["batch"],
+                          None if r["position"] is None else json.loads(r["position"]),
+                          r["rows"], r["dead_letters"], r["total_rows"],
+                          r["total_dead_letters"]) for r in rows]
+
+    def stage_source(self, src: SourceRow, batches: list[StagedBatch],
+                     files: list[str]) -> None:
+        """Stage one batch of a source's input in one transaction: its DML batches,
+        its new offset (``src``: epoch, batch, position, rows, dead letters) and the
+        files it consumed."""
+        with self.transaction() as conn:
+            for b in batches:
+                self.add_dml(conn, b)
+            if batches:
+                self.put(conn, "max_dml_seq", str(max(b.seq for b in batches)))
+            conn.execute(
+                "UPDATE sources SET epoch = ?, batch = ?, position = ?, rows = ?, "
+                "dead_letters = ?, total_rows = total_rows + ?, "
+                "total_dead_letters = total_dead_letters + ? WHERE rel_id = ?",
+                (src.epoch, src.batch, json.dumps(src.position), src.rows, src.dead_letters,
+                 src.rows, src.dead_letters, src.rel_id))
+            conn.executemany("INSERT INTO source_files(rel_id, name, epoch) VALUES (?, ?, ?)",
+                             [(src.rel_id, f, src.epoch) for f in files])
+
+    def source_files(self, rel_id: int) -> set[str]:
+        rows = self._conn.execute("SELECT name FROM source_files WHERE rel_id = ?",
+                                  (rel_id,)).fetchall()
+        return {str(r[0]) for r in rows}
+
+    # --- sinks ----------------------------------------------------------------------------
+
+    def add_sink(self, sink: SinkRow) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO sinks(id, name, rel_id, connector, path, options, created_epoch) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (sink.id, sink.name, sink.rel_id, sink.connector, sink.path,
+                 json.dumps(sink.options), sink.created_epoch))
+            self.put(conn, "max_sink_id", str(sink.id))
+
+    def drop_sink(self, sink_id: int) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM sinks WHERE id = ?", (sink_id,))
+
+    def sinks(self) -> list[SinkRow]:
+        rows = self._conn.execute("SELECT * FROM sinks ORDER BY id").fetchall()
+        return [SinkRow(r["id"], r["name"], r["rel_id"], r["connector"], r["path"],
+                        json.loads(r["options"]), r["created_epoch"]) for r in rows]
+
+    def next_sink_id(self) -> int:
+        row = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM sinks").fetchone()
+        used = int(self.get("max_sink_id", "0") or 0)
+        return max(int(row[0]), used) + 1
 
     # --- progress -------------------------------------------------------------------------
 

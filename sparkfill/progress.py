@@ -54,3 +54,7 @@ class EpochReport:
     rows_read: dict[str, int] = field(default_factory=dict)
     #: snapshot rows each creating job backfilled this epoch
     backfill_rows: dict[str, int] = field(default_factory=dict)
+    #: rows each source table took in this epoch (inserts, updates and deletes)
+    source_rows: dict[str, int] = field(default_factory=dict)
+    #: malformed records each source sent to its dead-letter table this epoch
+    dead_letters: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,176 @@
+"""``connector = 'delta_cdf'``: follow an external Delta table's change data feed.
+
+Invariant: the offset is the last version of the external table the source
+has consumed; the first batch is the table's snapshot at ``starting_version``
+(every row an upsert), each later batch is the change feed of the versions
+after the offset, up to the latest (at most ``max_versions_per_epoch``), so
+after the batch that consumed version ``v`` the source table equals the
+external table at ``v`` (restricted to the source table's columns; the
+external table's key must be unique).
+
+Within a batch, changes apply in version order, and within a version deletes
+and update pre-images (deletes of their key) before inserts and update
+post-images (upserts), so an update that moves a key deletes the old key.
+
+Spark reads a change data feed only through the delta-spark connector, which
+sparkfill does not depend on; the feed is read with delta-rs
+(``DeltaTable.load_cdf``, the snapshot with its query engine) as a stream of
+Arrow batches written to one Parquet file (memory stays bounded by a batch),
+which Spark then reads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, QueryBuilder
+
+from ..dml import IDX, KIND
+from ..errors import SourceError
+from ..schema import arrow_type
+from .base import (
+    BatchContext,
+    Connector,
+    SourceBatch,
+    TableShape,
+    check_known,
+    opt_int,
+    opt_str,
+    resolve_path,
+)
+
+__all__ = ["DeltaCdfConnector"]
+
+#: order of change types within one version, and whether each deletes its key
+_RANK = {"delete": 0, "update_preimage": 1, "insert": 2, "update_postimage": 3}
+
+
+def _open(table: str, path: str, version: int | None = None) -> DeltaTable:
+    try:
+        return DeltaTable(path, version=version) if version is not None else DeltaTable(path)
+    except Exception as exc:  # noqa: BLE001 - delta-rs raises several types
+        at = "" if version is None else f" at version {version}"
+        raise SourceError(f"table {table!r}: cannot open the Delta table {path!r}{at}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
+                          ) from exc
+
+
+class DeltaCdfConnector(Connector):
+    name: ClassVar[str] = "delta_cdf"
+    options: ClassVar[tuple[str, ...]] = ("path", "starting_version", "max_versions_per_epoch")
+
+    @classmethod
+    def validate(cls, table: TableShape, options: dict[str, Any],
+                 warehouse: Path) -> dict[str, Any]:
+        name = table.name
+        check_known(name, cls.name, options, cls.options)
+        raw_path = opt_str(name, options, "path", None)
+        if not raw_path:
+            raise SourceError(f"table {name!r}: connector 'delta_cdf' needs path = 'URI'")
+        path = resolve_path(raw_path, warehouse)
+        dt = _open(name, path)
+        config = dt.metadata().configuration
+        if str(config.get("delta.enableChangeDataFeed", "false")).lower() != "true":
+            raise SourceError(
+                f"table {name!r}: the Delta table {path!r} has no change data feed; enable it "
+                "with the table property delta.enableChangeDataFeed = true")
+        fields = {f.name.lower() for f in pa.schema(dt.schema().to_arrow())}
+        missing = [c.name for c in table.columns if c.name.lower() not in fields]
+        if missing:
+            raise SourceError(f"table {name!r}: the Delta table {path!r} has no column(s) "
+                              f"{', '.join(missing)} (it has {', '.join(sorted(fields))})")
+        latest = int(dt.version())
+        start = opt_int(name, options, "starting_version", latest)
+        assert start is not None
+        if start > latest:
+            raise SourceError(f"table {name!r}: starting_version {start} is after the latest "
+                              f"version {latest} of {path!r}")
+        return {"path": path, "starting_version": start,
+                "max_versions_per_epoch": opt_int(name, options, "max_versions_per_epoch", None,
+                                                  1)}
+
+    def _target(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in self.table.columns]
+                         + [pa.field(IDX, pa.int64()), pa.field(KIND, pa.string())])
+
+    def _columns(self, batch: pa.RecordBatch, at: str) -> list[pa.Array]:
+        names = {n.lower(): n for n in batch.schema.names}
+        out = []
+        for c in self.table.columns:
+            try:
+                out.append(pc.cast(batch.column(names[c.name.lower()]), arrow_type(c.type)))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SourceError(f"table {self.table.name!r}: column {c.name!r} of the Delta "
+                                  f"table {self.opts['path']!r} ({at}) does not cast to "
+                                  f"{c.type.upper()}: {exc}") from exc
+        return out
+
+    def _write(self, reader: Any, path: Path, at: str, cdf: bool) -> int:
+        target = self._target()
+        rows = 0
+        with pq.ParquetWriter(path, target) as writer:
+            for batch in pa.RecordBatchReader.from_stream(reader):
+                n = batch.num_rows
+                if n == 0:
+                    continue
+                cols = self._columns(batch, at)
+                if cdf:
+                    change = batch.column(batch.schema.get_field_index("_change_type"))
+                    change = pc.cast(change, pa.string())
+                    version = pc.cast(batch.column(batch.schema.get_field_index(
+                        "_commit_version")), pa.int64())
+                    rank = pc.cast(pc.index_in(change, pa.array(list(_RANK))), pa.int64())
+                    idx = pc.add(pc.multiply(version, 4), rank)
+                    kind = pc.if_else(pc.less(rank, 2), "D", "U")
+                else:
+                    idx = pa.array(np.arange(rows, rows + n, dtype=np.int64))
+                    kind = pa.repeat(pa.scalar("U", pa.string()), n)
+                writer.write_batch(pa.record_batch([*cols, idx, kind], schema=target))
+                rows += n
+        return rows
+
+    def read(self, ctx: BatchContext) -> SourceBatch:
+        path = self.opts["path"]
+        name = self.table.name
+        out = ctx.scratch / f"cdf-{uuid.uuid4().hex[:8]}.parquet"
+        ctx.scratch.mkdir(parents=True, exist_ok=True)
+        if ctx.position is None:
+            version = int(self.opts["starting_version"])
+            dt = _open(name, path, version)
+            cols = ", ".join('"' + n.replace('"', '""') + '"'
+                             for n in pa.schema(dt.schema().to_arrow()).names)
+            try:
+                reader = QueryBuilder().register("t", dt).execute(f"SELECT {cols} FROM t")
+            except Exception as exc:  # noqa: BLE001
+                raise SourceError(f"table {name!r}: cannot read {path!r} at version "
+                                  f"{version}: {exc}") from exc
+            self._write(reader, out, f"version {version}", cdf=False)
+            return SourceBatch(rows=self.spark.read.parquet(str(out)),
+                               position={"version": version})
+        done = int(ctx.position["version"])
+        latest = int(_open(name, path).version())
+        limit = self.opts.get("max_versions_per_epoch")
+        upto = min(latest, done + int(limit)) if limit else latest
+        if upto <= done:
+            return SourceBatch(rows=None, position=ctx.position)
+        dt = _open(name, path)
+        try:
+            reader = dt.load_cdf(starting_version=done + 1, ending_version=upto)
+            rows = self._write(reader, out, f"versions {done + 1}..{upto}", cdf=True)
+        except SourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(f"table {name!r}: cannot read the change data feed of {path!r}, "
+                              f"versions {done + 1}..{upto}: {exc}") from exc
+        return SourceBatch(rows=self.spark.read.parquet(str(out)) if rows else None,
+                           position={"version": upto})
+
+    @classmethod
+    def describe(cls, position: Any) -> str:
+        return "" if not position else f"version {position.get('version')}"

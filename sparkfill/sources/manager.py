@@ -1,0 +1,193 @@
+"""Staging each source's input for the next epoch, exactly once.
+
+Invariant: a source's batch for epoch ``e`` is staged as DML batches (the
+table's changes, and its malformed records for the dead-letter table) in the
+same meta-store transaction that records ``e`` and advances the source's
+offset (``MetaStore.stage_source``). ``stage(e)`` skips a source that has
+already staged for ``e``, so a batch is staged once even when the process dies
+between staging and running the epoch; the staged DML is then applied exactly
+once by epoch ``e`` (the coordinator's plan pins it and recovery re-runs the
+plan). A batch whose staging did not commit left only unregistered files,
+which the DML stager removes on open, and its offset did not move, so it is
+read again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..catalog import Catalog, Relation
+from ..dml import IDX, KIND, SEQ, UPSERT
+from ..errors import InvalidOption, SourceError, SparkfillError, SqlError
+from ..meta_store import MetaStore, SourceRow, StagedBatch
+from ..schema import Column, spark_type
+from .base import BatchContext, Connector, SourceBatch, TableShape
+from .cdc_files import DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, CdcFilesConnector
+from .datagen import DatagenConnector
+from .delta_cdf import DeltaCdfConnector
+
+__all__ = ["SourceManager", "SourceDefinition", "CONNECTORS", "DEAD_LETTER_SUFFIX"]
+
+CONNECTORS: dict[str, type[Connector]] = {
+    c.name: c for c in (DatagenConnector, CdcFilesConnector, DeltaCdfConnector)}
+DEAD_LETTER_SUFFIX = "__dead_letter"
+
+
+@dataclass(frozen=True)
+class SourceDefinition:
+    """A validated ``CREATE TABLE ... WITH (connector = ...)``."""
+
+    connector: str
+    options: dict[str, Any]
+    #: the dead-letter table to create with it: name, columns, key (or None)
+    dead_letter: tuple[str, tuple[Column, ...], tuple[str, ...]] | None
+
+
+def _count(path: Path) -> int:
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in path.glob("part-*.parquet"))
+
+
+class SourceManager:
+    def __init__(self, spark: SparkSession, meta: MetaStore, staging_dir: Path,
+                 warehouse: Path) -> None:
+        self.spark = spark
+        self.meta = meta
+        self.dir = staging_dir
+        self.warehouse = warehouse
+        self.scratch = warehouse / "staging" / "sources"
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    # --- definitions ----------------------------------------------------------------------
+
+    def define(self, name: str, columns: tuple[Column, ...], key: tuple[str, ...],
+               options: dict[str, Any]) -> SourceDefinition:
+        """Validate a source table's ``WITH (...)`` options (nothing is created)."""
+        connector = options.get("connector")
+        if connector is None:
+            raise InvalidOption(f"table {name!r}: WITH (...) needs connector = "
+                                f"{' | '.join(map(repr, CONNECTORS))}")
+        cls = CONNECTORS.get(str(connector).lower())
+        if cls is None:
+            raise InvalidOption(f"table {name!r}: unknown connector {connector!r}; choose one "
+                                f"of {', '.join(CONNECTORS)}")
+        normalized = cls.validate(TableShape(name, columns, key), options, self.warehouse)
+        dead = None
+        if cls.has_dead_letters:
+            dead = (f"{name}{DEAD_LETTER_SUFFIX}", DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY)
+        return SourceDefinition(cls.name, normalized, dead)
+
+    def sources(self) -> list[SourceRow]:
+        return self.meta.sources()
+
+    def source_of(self, rel: Relation) -> SourceRow | None:
+        return next((s for s in self.meta.sources() if s.rel_id == rel.id), None)
+
+    def owner_of_dead_letters(self, rel: Relation) -> SourceRow | None:
+        return next((s for s in self.meta.sources() if s.dead_letter_id == rel.id), None)
+
+    def refuse_dml(self, rel: Relation, catalog: Catalog) -> None:
+        """Raise when ``rel`` is fed by a source (its table or its dead letters)."""
+        src = self.source_of(rel)
+        if src is not None:
+            raise SqlError(f"table {rel.name!r} is fed by its {src.connector} source; "
+                           "INSERT, UPDATE and DELETE on it are refused (change its input, "
+                           "or create a plain table)")
+        owner = self.owner_of_dead_letters(rel)
+        if owner is not None:
+            raise SqlError(f"table {rel.name!r} is the dead-letter table of source "
+                           f"{catalog.get_by_id(owner.rel_id).name!r}; only the source "
+                           "writes it")
+
+    # --- staging --------------------------------------------------------------------------
+
+    def _write(self, df: DataFrame, columns: tuple[Column, ...], seq: int) -> tuple[Path, int]:
+        path = self.dir / f"{seq:012d}-{uuid.uuid4().hex[:8]}-src"
+        out = df.select(*[F.col(c.name).cast(spark_type(c.type)).alias(c.name) for c in columns],
+                        F.lit(seq).cast("long").alias(SEQ), F.col(IDX).cast("long").alias(IDX),
+                        F.col(KIND).cast("string").alias(KIND))
+        out.write.mode("error").parquet(str(path))
+        return path, _count(path)
+
+    def stage(self, catalog: Catalog, epoch: int) -> None:
+        """Stage every source's batch for ``epoch`` (skipping those already staged)."""
+        for src in self.meta.sources():
+            if src.epoch >= epoch:
+                continue
+            table = catalog.get_by_id(src.rel_id)
+            self._stage_one(catalog, table, src, epoch)
+
+    def _stage_one(self, catalog: Catalog, table: Relation, src: SourceRow, epoch: int) -> None:
+        cls = CONNECTORS[src.connector]
+        connector = cls(self.spark, TableShape(table.name, table.columns, table.key),
+                        src.options)
+        scratch = self.scratch / f"{table.id}-{uuid.uuid4().hex[:8]}"
+        consumed = (frozenset(self.meta.source_files(src.rel_id)) if cls.has_dead_letters
+                    else frozenset())
+        written: list[Path] = []
+        batch: SourceBatch | None = None
+        try:
+            batch = connector.read(BatchContext(epoch, src.batch + 1, src.position, consumed,
+                                                scratch))
+            staged: list[StagedBatch] = []
+            seq = self.meta.next_dml_seq()
+            rows = dead = 0
+            if batch.rows is not None:
+                path, rows = self._write(batch.rows, table.columns, seq)
+                written.append(path)
+                if rows:
+                    staged.append(StagedBatch(seq, table.id, str(path), rows))
+            if batch.dead_letters is not None and src.dead_letter_id is not None:
+                dl = catalog.get_by_id(src.dead_letter_id)
+                path, dead = self._write(
+                    batch.dead_letters.withColumn(IDX, F.lit(0)).withColumn(KIND, F.lit(UPSERT)),
+                    dl.columns, seq + 1)
+                written.append(path)
+                if dead:
+                    staged.append(StagedBatch(seq + 1, dl.id, str(path), dead))
+            self.meta.stage_source(
+                replace(src, epoch=epoch, batch=src.batch + 1, position=batch.position,
+                        rows=rows, dead_letters=dead), staged, batch.files)
+            for path in written:
+                if not any(b.path == str(path) for b in staged):
+                    shutil.rmtree(path, ignore_errors=True)
+        except BaseException as exc:
+            for path in written:
+                shutil.rmtree(path, ignore_errors=True)
+            if isinstance(exc, Exception) and not isinstance(exc, SparkfillError):
+                raise SourceError(f"source table {table.name!r} ({src.connector}), epoch "
+                                  f"{epoch}: {type(exc).__name__}: "
+                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                                  ) from exc
+            raise
+        finally:
+            for df in batch.cached if batch is not None else []:
+                df.unpersist()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    # --- reports --------------------------------------------------------------------------
+
+    def report(self, catalog: Catalog, epoch: int) -> tuple[dict[str, int], dict[str, int]]:
+        """Rows and dead letters each source staged for ``epoch``."""
+        rows: dict[str, int] = {}
+        dead: dict[str, int] = {}
+        for src in self.meta.sources():
+            if src.epoch != epoch:
+                continue
+            name = catalog.get_by_id(src.rel_id).name
+            rows[name] = src.rows
+            if src.dead_letter_id is not None:
+                dead[name] = src.dead_letters
+        return rows, dead
+
+    @staticmethod
+    def describe(src: SourceRow) -> str:
+        """The source's offset in words."""
+        return CONNECTORS[src.connector].describe(src.position)
