@@ -19,12 +19,12 @@ Epoch ``e``:
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from .arrangement import ArrangementScan, VnodeProgress
@@ -38,6 +38,7 @@ from .backfill import (
 )
 from .catalog import Catalog, Relation
 from .dml import DmlStager, table_delta
+from .epoch_cache import materialize, release
 from .keyrange import END
 from .meta_store import EpochCommit, MetaStore, ProgressRow
 from .operators import DataflowResult, MvDataflow, change_of
@@ -240,8 +241,7 @@ class EpochCoordinator:
                     continue
                 if out.tag is not None:
                     tags[rel_id] = out.tag
-                delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
-                cached.append(delta)
+                delta = materialize(delta, cached)
                 by_op = {r[0]: int(r[1]) for r in delta.groupBy(OP).count().collect()}
                 if sum(by_op.values()):
                     deltas[rel_id] = delta
@@ -273,7 +273,7 @@ class EpochCoordinator:
 
         # phase 5: release the epoch's data; housekeeping
         for df in cached:
-            df.unpersist()
+            release(df)
         self.stager.remove_applied([b.path for b in batches])
         self.last_rows_read = dict(self.store.rows_read)
         self.catalog.reload()
@@ -403,15 +403,19 @@ class EpochCoordinator:
             self.meta.forget_removed_files(conn, horizon)
             self.meta.prune_versions(conn, horizon)
             self.meta.put(conn, "retention_horizon", str(horizon))
+        # directories emptied by the removals above; a running snapshot job writes
+        # its relations' files from its own thread, so those are left to the job
+        held = self.snapshots.held_relations()
         for rel in by_id.values():
+            if rel.id in held:
+                continue
             for sub in ("log", "base"):
                 root = self.store.path(rel.stored) / sub
                 if root.exists():
                     for d in root.iterdir():
-                        if d.is_dir() and not any(p.suffix == ".parquet" for p in d.iterdir()):
-                            for p in d.iterdir():
-                                p.unlink(missing_ok=True)
-                            d.rmdir()
+                        if d.is_dir() and not any(p.suffix == ".parquet" or p.is_dir()
+                                                  for p in d.iterdir()):
+                            shutil.rmtree(d, ignore_errors=True)
 
     # --- progress -------------------------------------------------------------------------
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pyspark import StorageLevel
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
 from .changelog import after_images, before_images, consolidate
+from .epoch_cache import materialize
 from .planner import GROUP_KEY, GROUP_OF_ROW, JOIN_KEY, MvPlan
 from .relation_store import RelationStore
 from .schema import VNODE, vnode_expr
@@ -60,12 +60,6 @@ class DataflowResult:
     cached: list[DataFrame] = field(default_factory=list)
     #: the epoch the Δs are appended as (a snapshot job catching up: an earlier one)
     tag: int | None = None
-
-
-def _persist(df: DataFrame, cached: list[DataFrame]) -> DataFrame:
-    df = df.persist(StorageLevel.MEMORY_AND_DISK)
-    cached.append(df)
-    return df
 
 
 def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
@@ -145,7 +139,7 @@ class MvDataflow:
                 continue
             state = states[side]
             cols = [col.name for col in state.columns]
-            delta = _persist(consolidate(self.side_rows(plan, side, change.before, state),
+            delta = materialize(consolidate(self.side_rows(plan, side, change.before, state),
                                          self.side_rows(plan, side, change.after, state),
                                          cols, state.key, (JOIN_KEY,)), result.cached)
             result.state_deltas[state.id] = delta
@@ -157,14 +151,14 @@ class MvDataflow:
         keys = touched[0]
         for t in touched[1:]:
             keys = keys.unionByName(t)
-        keys = _persist(keys.distinct().withColumn(VNODE, vnode_expr([JOIN_KEY])), result.cached)
+        keys = materialize(keys.distinct().withColumn(VNODE, vnode_expr([JOIN_KEY])), result.cached)
         vnodes = [int(r[0]) for r in keys.select(VNODE).distinct().collect()]
         if not vnodes:
             return None
         olds, news = [], []
         for side, state in enumerate(states):
             leaf_cols = [c.name for c in leaves[side].columns]
-            old = _persist(self.store.snapshot(state.stored, epoch - 1, vnodes=vnodes)
+            old = materialize(self.store.snapshot(state.stored, epoch - 1, vnodes=vnodes)
                            .join(F.broadcast(keys.select(JOIN_KEY)), JOIN_KEY, "left_semi"),
                            result.cached)
             change = keyed[side]
@@ -202,7 +196,7 @@ class MvDataflow:
         cols = [c.name for c in agg_state.columns]
         delta = None
         if rows is not None:
-            delta = _persist(consolidate(self.agg_input_rows(plan, agg_state, rows.before),
+            delta = materialize(consolidate(self.agg_input_rows(plan, agg_state, rows.before),
                                          self.agg_input_rows(plan, agg_state, rows.after),
                                          cols, agg_state.key, (GROUP_OF_ROW,)), result.cached)
             result.state_deltas[agg_state.id] = delta
@@ -217,12 +211,12 @@ class MvDataflow:
             return consolidate(old, self.evaluate(mv, plan, new_input), names, mv.key)
         if delta is None:
             return None
-        groups = _persist(delta.select(GROUP_OF_ROW).distinct()
+        groups = materialize(delta.select(GROUP_OF_ROW).distinct()
                           .withColumn(VNODE, vnode_expr([GROUP_OF_ROW])), result.cached)
         vnodes = [int(r[0]) for r in groups.select(VNODE).distinct().collect()]
         if not vnodes:
             return None
-        old_input = _persist(
+        old_input = materialize(
             self.store.snapshot(agg_state.stored, epoch - 1, vnodes=vnodes)
             .join(F.broadcast(groups.select(GROUP_OF_ROW)), GROUP_OF_ROW, "left_semi")
             .select(*cols), result.cached)

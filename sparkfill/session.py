@@ -31,6 +31,14 @@ SESSION_CONF: dict[str, str] = {
     # an epoch runs many small queries: adaptive execution would submit each of
     # their stages as a job of its own (about 3x the jobs, 2x the epoch time)
     "spark.sql.adaptive.enabled": "false",
+    # the status store keeps every finished query's plan graph and metrics even
+    # with the UI off; an engine runs thousands of queries with large plans, so
+    # the defaults (1000 executions, 1000 jobs) fill a 2 GiB driver heap
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.retainedJobs": "200",
+    "spark.ui.retainedStages": "200",
+    "spark.ui.retainedTasks": "5000",
+    "spark.ui.dagGraph.retainedRootRDDs": "200",
 }
 
 
