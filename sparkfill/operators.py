@@ -62,6 +62,13 @@ class DataflowResult:
     tag: int | None = None
 
 
+def _union(parts: Sequence[DataFrame]) -> DataFrame:
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
 def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
     if not columns:
         return F.lit("{}")
@@ -95,7 +102,16 @@ class MvDataflow:
         result = DataflowResult(None)
         names = [c.name for c in mv.columns]
 
-        # stage 1: rows — filter/project over one leaf, or over a recomputed join
+        # stage 1: rows — filter/project over one leaf, over each branch of a UNION
+        # ALL, or over a recomputed join
+        if plan.branches:
+            moved = [(i, c) for i, c in enumerate(changes) if c is not None]
+            if moved:
+                before = _union([self.project_branch(plan, i, c.before) for i, c in moved])
+                after = _union([self.project_branch(plan, i, c.after) for i, c in moved])
+                result.delta = consolidate(before.select(*names), after.select(*names),
+                                           names, mv.key)
+            return result
         if plan.join is None:
             change = changes[0]
             rows = None if change is None else Change(
@@ -124,6 +140,15 @@ class MvDataflow:
         if plan.where:
             df = df.where(F.expr(plan.where))
         return df.select(*[F.expr(sql).alias(name) for name, sql in plan.rows])
+
+    @staticmethod
+    def project_branch(plan: MvPlan, branch: int, rows: DataFrame) -> DataFrame:
+        """A UNION ALL branch's rows (with the MV's key columns) from its leaf's rows."""
+        spec = plan.branches[branch]
+        df = rows.alias(plan.leaves[branch].alias)
+        if spec.where:
+            df = df.where(F.expr(spec.where))
+        return df.select(*[F.expr(sql).alias(name) for name, sql in spec.rows])
 
     def _join(self, plan: MvPlan, leaves: Sequence[Relation], states: Sequence[Relation],
               changes: Sequence[Change | None], epoch: int, result: DataflowResult,

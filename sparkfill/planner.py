@@ -9,7 +9,8 @@ keys compare with plain equality everywhere:
 * filter/project over one relation: the upstream's key;
 * a join: both sides' keys (for a LEFT JOIN, the right side's key as one JSON
   string, ``"{}"`` when a left row has no match);
-* an aggregate or ``DISTINCT``: ``_sf_k_group``, the group's values as JSON.
+* an aggregate or ``DISTINCT``: ``_sf_k_group``, the group's values as JSON;
+* ``UNION ALL``: the branch's number and the branch row's upstream key as JSON.
 
 Every shape this planner cannot maintain incrementally is refused with
 ``UnsupportedQuery`` naming the construct, before anything is created.
@@ -33,7 +34,8 @@ from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
     "plan_materialized_view", "check_supported", "leaf_tables", "explain_plan",
-    "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW",
+    "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH", "BRANCH_ROW",
+    "Branch", "union_branches",
 ]
 
 NONDETERMINISTIC = {
@@ -54,6 +56,9 @@ GROUP_KEY = f"{HIDDEN_PREFIX}group"
 GROUP_OF_ROW = "_sf_gk"
 #: the join key of one side's row (state table column): the equi-join values as JSON
 JOIN_KEY = "_sf_jk"
+#: the MV key of a UNION ALL: which branch a row comes from, and its upstream key as JSON
+BRANCH = f"{HIDDEN_PREFIX}branch"
+BRANCH_ROW = f"{HIDDEN_PREFIX}branch_row"
 
 _CLAUSES = {
     "order": "ORDER BY (an MV is an unordered set; order when you read it)",
@@ -103,6 +108,15 @@ class StateDef:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """One branch of a ``UNION ALL``: a filter/project over the leaf of the same
+    position; ``rows`` end with the MV's key columns (branch number, row key)."""
+
+    where: str | None
+    rows: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class MvPlan:
     """``SELECT ... FROM leaves [JOIN] [WHERE] [GROUP BY ... HAVING]``.
 
@@ -117,6 +131,8 @@ class MvPlan:
     row_key: tuple[str, ...]
     agg: AggSpec | None
     states: tuple[str, ...] = ()  # names of the state relations, by role order
+    #: a UNION ALL: one branch per leaf (then ``rows``, ``where`` and ``join`` are unused)
+    branches: tuple[Branch, ...] = ()
 
     @property
     def upstreams(self) -> tuple[str, ...]:
@@ -139,6 +155,8 @@ class MvPlan:
                 "group": list(self.agg.group), "aggs": [list(a) for a in self.agg.aggs],
                 "having": self.agg.having, "outputs": [list(o) for o in self.agg.outputs]},
             "states": list(self.states),
+            "branches": [{"where": b.where, "rows": [list(r) for r in b.rows]}
+                         for b in self.branches],
         }
 
     @staticmethod
@@ -156,6 +174,8 @@ class MvPlan:
                 tuple(a["group"]), tuple((x, y) for x, y in a["aggs"]), a["having"],
                 tuple((x, y) for x, y in a["outputs"])),
             states=tuple(d.get("states", ())),
+            branches=tuple(Branch(b["where"], tuple((x, y) for x, y in b["rows"]))
+                           for b in d.get("branches", ())),
         )
 
 
@@ -184,12 +204,36 @@ def _from_table(select: exp.Select) -> exp.Expr | None:
     return None if from_ is None else from_.this
 
 
-def check_supported(query: exp.Expr) -> exp.Select:
-    """Return the SELECT if its shape is supported, else raise ``UnsupportedQuery``."""
+def union_branches(query: exp.Expr) -> list[exp.Expr]:
+    """The branches of a (nested) UNION ALL, left to right; ``[query]`` otherwise."""
+    if isinstance(query, exp.Union) and not query.args.get("distinct"):
+        return [*union_branches(query.this), *union_branches(query.expression)]
+    return [query]
+
+
+def check_supported(query: exp.Expr) -> exp.Query:
+    """Return the query if its shape is supported, else raise ``UnsupportedQuery``."""
     if isinstance(query, exp.Union):
-        raise UnsupportedQuery(
-            f"{'UNION ALL' if not query.args.get('distinct') else 'UNION'} is not supported "
-            "in a materialized view yet; create one MV per branch")
+        if query.args.get("distinct"):
+            raise UnsupportedQuery("UNION (without ALL) is not supported in an MV; use UNION "
+                                   "ALL, and SELECT DISTINCT over an MV of it if you need to")
+        for arg, label in _CLAUSES.items():
+            if query.args.get(arg):
+                raise UnsupportedQuery(f"{label} is not supported in a materialized view")
+        for branch in union_branches(query):
+            if isinstance(branch, exp.Subquery):
+                branch = branch.unnest()
+            if isinstance(branch, exp.Union):
+                raise UnsupportedQuery("UNION (without ALL) is not supported in an MV; use "
+                                       "UNION ALL")
+            select = check_supported(branch)
+            assert isinstance(select, exp.Select)
+            if select.args.get("joins") or select.args.get("group") or \
+                    select.args.get("distinct") or _aggregates(select):
+                raise UnsupportedQuery(
+                    "a UNION ALL branch must filter and project one relation (no join, "
+                    "aggregate or DISTINCT); create an MV for the branch and union that")
+        return query
     if isinstance(query, exp.Except | exp.Intersect):
         raise UnsupportedQuery(f"{type(query).__name__.upper()} is not supported in an MV")
     if not isinstance(query, exp.Select):
@@ -428,11 +472,16 @@ def _direct_column(item: exp.Expr) -> exp.Column | None:
 
 def plan_materialized_view(
     spark: SparkSession,
-    select: exp.Select,
+    query: exp.Query,
     resolve: Callable[[str], LeafInfo],
     mv_name: str,
 ) -> PlannedMv:
-    """Plan ``select``; ``resolve`` maps a relation name to what it holds."""
+    """Plan ``query`` (checked by ``check_supported``); ``resolve`` maps a relation
+    name to what it holds."""
+    if isinstance(query, exp.Union):
+        return _plan_union(spark, query, resolve)
+    assert isinstance(query, exp.Select)
+    select = query
     scope = _Scope(leaf_tables(select), resolve)
     items = _expand_stars(select, scope)
     where = select.args.get("where")
@@ -586,6 +635,68 @@ def plan_materialized_view(
     return PlannedMv(plan, columns, [GROUP_KEY], states)
 
 
+def _plan_union(spark: SparkSession, query: exp.Union,
+                resolve: Callable[[str], LeafInfo]) -> PlannedMv:
+    """``branch UNION ALL branch ...``, each branch a filter/project over one leaf.
+
+    The MV's columns are the first branch's names with the types Spark gives the
+    whole union; each branch casts its rows to them. A row's key is its branch's
+    number and its upstream key as JSON, so equal rows of two branches (or of
+    one relation read twice) stay two rows.
+    """
+    selects = [b.unnest() if isinstance(b, exp.Subquery) else b for b in union_branches(query)]
+    scopes, probes, views = [], [], []
+    try:
+        for select in selects:
+            assert isinstance(select, exp.Select)
+            scope = _Scope(leaf_tables(select), resolve)
+            scopes.append(scope)
+            alias, info = scope.leaves[0]
+            view = f"__sf_plan_{uuid.uuid4().hex[:12]}"
+            spark.createDataFrame([], user_struct([c for c in info.columns if not c.hidden])) \
+                .createOrReplaceTempView(view)
+            views.append(view)
+            probe = exp.select(*[i.copy() for i in _expand_stars(select, scope)]).from_(
+                exp.Table(this=exp.to_identifier(view),
+                          alias=exp.TableAlias(this=exp.to_identifier(alias))))
+            where = select.args.get("where")
+            if where is not None:
+                probe = probe.where(where.this.copy())
+            probes.append(probe)
+        union: exp.Query = probes[0]
+        for probe in probes[1:]:
+            union = exp.union(union, probe, distinct=False)
+        try:
+            schema = spark.sql(union.sql(dialect="spark")).schema
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis error, reworded
+            raise SqlError(f"the branches of the UNION ALL do not fit together: "
+                           f"{str(exc).splitlines()[0]}") from exc
+    finally:
+        for view in views:
+            spark.catalog.dropTempView(view)
+    names = [f.name for f in schema.fields]
+    _check_names(names)
+    types = [f.dataType.simpleString() for f in schema.fields]
+    columns = [_column_of(n, t, True) for n, t in zip(names, types, strict=True)]
+    branches = []
+    for n, (select, scope) in enumerate(zip(selects, scopes, strict=True)):
+        alias, info = scope.leaves[0]
+        items = _expand_stars(select, scope)  # type: ignore[arg-type]
+        rows = [(name, f"CAST(({item.unalias().sql(dialect='spark')}) AS {type_})")
+                for name, item, type_ in zip(names, items, types, strict=True)]
+        fields = ", ".join(f"`{alias}`.`{k}` AS k{i}" for i, k in enumerate(info.key))
+        rows += [(BRANCH, f"CAST({n} AS INT)"), (BRANCH_ROW, f"to_json(struct({fields}))")]
+        where = select.args.get("where")
+        branches.append(Branch(None if where is None else where.this.sql(dialect="spark"),
+                               tuple(rows)))
+    columns += [Column(BRANCH, "int", False, hidden=True),
+                Column(BRANCH_ROW, "string", False, hidden=True)]
+    leaves = tuple(Leaf(scope.leaves[0][0], scope.leaves[0][1].name) for scope in scopes)
+    plan = MvPlan(leaves, None, None, (), (BRANCH, BRANCH_ROW), None,
+                  branches=tuple(branches))
+    return PlannedMv(plan, columns, [BRANCH, BRANCH_ROW], [])
+
+
 def _leaf_column(scope: _Scope, ref: exp.Column) -> str:
     """The stored name of the leaf column a reference points at."""
     i = scope.side_of(ref)
@@ -629,6 +740,16 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
     if plan.where:
         lines.append("  " * depth + f"Filter  {plan.where}")
         depth += 1
+    if plan.branches:
+        lines[-1] = "  " * (depth - 1) + f"UnionAll  key=({', '.join(plan.row_key)})"
+        for n, (leaf, branch) in enumerate(zip(plan.leaves, plan.branches, strict=True)):
+            cols = ", ".join(name for name, _ in branch.rows)
+            lines.append("  " * depth + f"Project  branch {n}  ({cols})")
+            if branch.where:
+                lines.append("  " * (depth + 1) + f"Filter  {branch.where}")
+            lines.append("  " * (depth + 1 + bool(branch.where))
+                         + f"BackfillScan {leaf.relation} AS {leaf.alias}")
+        return "\n".join(lines)
     if plan.join is not None:
         lines.append("  " * depth + f"HashJoin {plan.join.how.upper()}  on={plan.join.on}")
         depth += 1

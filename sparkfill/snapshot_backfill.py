@@ -181,6 +181,9 @@ class SnapshotJob(threading.Thread):
         rows, or (filter/project) the MV's rows."""
         plan = self.mv.plan
         assert plan is not None
+        if plan.branches:
+            return self.dataflow.project_branch(plan, leaf, rows).select(
+                *[c.name for c in self.mv.columns])
         if plan.join is not None:
             return self.dataflow.side_rows(plan, leaf, rows, self.states[leaf])
         projected = self.dataflow.project(plan, [rows])
@@ -217,8 +220,10 @@ class SnapshotJob(threading.Thread):
             agg_rows = self._chunks_of(0, self.states[-1])
             targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
             mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
-        else:
+        else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
             mv_rows = self._chunks_of(0, self.mv)
+            for leaf in range(1, len(self.leaves)):
+                mv_rows = mv_rows.unionByName(self._chunks_of(leaf, self.mv))
         targets.append((self.mv, mv_rows, ""))
         manifest: dict[str, Any] = {}
         for rel, rows, dist in targets:

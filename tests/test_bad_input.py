@@ -355,7 +355,9 @@ UNSUPPORTED = [
     ("limit", "SELECT order_id FROM orders LIMIT 5", ("limit",)),
     ("distinct_agg", "SELECT DISTINCT cust, count(*) AS c FROM orders GROUP BY cust",
      ("distinct",)),
-    ("union", "SELECT order_id FROM orders UNION ALL SELECT order_id FROM orders", ("union",)),
+    ("union", "SELECT order_id FROM orders UNION SELECT order_id FROM orders", ("union all",)),
+    ("union_agg", "SELECT order_id FROM orders UNION ALL SELECT count(*) AS c FROM orders",
+     ("branch",)),
     (
         "window",
         "SELECT order_id, row_number() OVER (PARTITION BY cust ORDER BY amount) AS rn FROM orders",

@@ -12,7 +12,7 @@ from helpers import assert_rows_equal, assert_same_rows
 from workload import N_GROUPS, Workload, create_table_sql
 
 from sparkfill import Engine
-from sparkfill.errors import InvalidOption, UnsupportedQuery
+from sparkfill.errors import InvalidOption, SqlError, UnsupportedQuery
 
 DIM_SQL = "CREATE TABLE d (g INT, name STRING, w BIGINT, PRIMARY KEY (g))"
 
@@ -35,7 +35,8 @@ def check(eng, spark, mv: str, sql: str, tables: list[str], epoch: int) -> None:
 def random_shape(rng: random.Random) -> tuple[str, list[str]]:
     """An MV's SELECT over ``{t}`` (id, g, v, s) and ``{d}`` (g, name, w)."""
     where = rng.choice(["", " WHERE v % 3 <> 0", " WHERE s IS NOT NULL", " WHERE v > 200"])
-    kind = rng.choice(["project", "agg", "global", "distinct", "join", "left_join", "join_agg"])
+    kind = rng.choice(["project", "agg", "global", "distinct", "join", "left_join", "join_agg",
+                       "union"])
     aggs = ["count(*) AS c", "count(s) AS cs", "sum(v) AS sv", "avg(v) AS av", "min(v) AS mn",
             "max(s) AS mx", "count(DISTINCT v % 5) AS cd"]
     picked = rng.sample(aggs, rng.randint(1, 4))
@@ -50,6 +51,9 @@ def random_shape(rng: random.Random) -> tuple[str, list[str]]:
         return f"SELECT {', '.join(picked)} FROM {{t}}{where}", ["t"]
     if kind == "distinct":
         return f"SELECT DISTINCT g, v % 3 AS r FROM {{t}}{where}", ["t"]
+    if kind == "union":  # rows of both tables, and rows of t twice over
+        return (f"SELECT id, v, s FROM {{t}}{where} UNION ALL SELECT g, w, name FROM {{d}} "
+                f"UNION ALL SELECT id, v + 1, s FROM {{t}} WHERE v > 100", ["t", "d"])
     side = "LEFT JOIN" if kind == "left_join" else "JOIN"
     jwhere = where.replace("v", "x.v").replace(" s ", " x.s ")
     if kind == "join_agg":
@@ -262,7 +266,9 @@ def test_backfill_order_and_default_smaller_leaf_first(engine, spark):
     ("SELECT id FROM t WHERE g IN (SELECT g FROM d)", "subqueries"),
     ("SELECT id, rand() AS r FROM t", "non-deterministic"),
     ("SELECT id, now() AS r FROM t", "non-deterministic"),
-    ("SELECT id FROM t UNION ALL SELECT g FROM d", "UNION ALL"),
+    ("SELECT id FROM t UNION SELECT g FROM d", "use UNION ALL"),
+    ("SELECT id FROM t UNION ALL SELECT x.id FROM t x JOIN d y ON x.g = y.g", "branch"),
+    ("SELECT id FROM t UNION ALL SELECT DISTINCT g FROM d", "branch"),
     ("SELECT g, collect_list(v) AS l FROM t GROUP BY g", "aggregate"),
     ("SELECT t.id FROM t, d", "cross join"),
 ])
@@ -276,6 +282,49 @@ def test_unsupported_sql_is_refused_and_changes_nothing(engine, query, needle):
     assert engine.relation("t").kind == "table"
     with pytest.raises(Exception, match="bad"):
         engine.relation("bad")
+
+
+@pytest.mark.parametrize("strategy", ["arrangement", "snapshot"])
+def test_union_all_keeps_every_branch_row_created_online(spark, tmp_path, strategy):
+    rng = random.Random(44)
+    warehouse = tmp_path / "wh"
+    eng = Engine(warehouse, spark=spark)
+    eng.sql(create_table_sql("t"))
+    eng.sql(DIM_SQL)
+    work = Workload(eng, spark, "t", rng, key_space=500)
+    work.initial_load(300)
+    dims: dict[int, dict] = {}
+    dim_dml(eng, rng, dims)
+    eng.step()
+    # duplicates across branches and within the union stay: a bag, not a set
+    sql = ("SELECT g AS k, v AS x FROM {t} WHERE v % 2 = 0 UNION ALL "
+           "SELECT w, g FROM {d} UNION ALL SELECT g, v FROM {t} WHERE v < 400")
+    eng.sql(f"CREATE MATERIALIZED VIEW u WITH (backfill = '{strategy}', backfill_chunk_rows = 120)"
+            f" AS " + sql.format(t="t", d="d"))
+    text = eng.explain("u")
+    assert "UnionAll" in text and text.count("BackfillScan") == 3
+    try:
+        for epoch_no in range(40):
+            work.random_epoch_dml((1, 3))
+            dim_dml(eng, rng, dims)
+            report = eng.step()
+            if epoch_no == 2:
+                eng.close()
+                eng = work.eng = Engine(warehouse, spark=spark)
+            if eng.progress("u").state == "created":
+                check(eng, spark, "u", sql, ["t", "d"], report.epoch)
+                if epoch_no >= 8:
+                    break
+        assert eng.progress("u").state == "created"
+        assert eng.verify("u").count() == 0
+        types = dict(eng.read("u").dtypes)
+        assert types == {"k": "bigint", "x": "bigint"}, "widened like Spark's own UNION ALL"
+        with pytest.raises(SqlError, match="UNION ALL"):
+            eng.sql("CREATE MATERIALIZED VIEW bad AS SELECT id, v FROM t UNION ALL "
+                    "SELECT g FROM d")
+        assert "bad" not in {r[0] for r in eng.sql("SHOW MATERIALIZED VIEWS").collect()}
+    finally:
+        eng.close()
 
 
 def test_explain_shows_operators_keys_and_state_tables(engine):
