@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
@@ -166,13 +166,15 @@ class SnapshotJob(threading.Thread):
         rows = self.store.snapshot(leaf.stored, self.s,
                                    vnodes=range(chunk["lo"], chunk["hi"] + 1),
                                    files=self.leaf_files[chunk["leaf"]])
-        rows = rows.repartition(max(1, self.parallelism)).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            n = rows.count()
-            out = self._chunk_output(chunk["leaf"], rows.drop(VNODE))
-            out.write.mode("overwrite").parquet(str(marker.parent))
-        finally:
-            rows.unpersist()
+        if rows.rdd.getNumPartitions() < self.parallelism:  # few files: spread the work
+            rows = rows.repartition(self.parallelism)
+        # one Spark job per chunk: the rows read are counted by the write itself
+        observed = Observation(f"chunk-{chunk['leaf']}-{chunk['lo']}")
+        out = self._chunk_output(chunk["leaf"],
+                                 rows.observe(observed, F.count(F.lit(1)).alias("rows"))
+                                 .drop(VNODE))
+        out.write.mode("overwrite").parquet(str(marker.parent))
+        n = int(observed.get["rows"])
         _write_json(marker, {"rows": n})
         return n
 
