@@ -20,6 +20,9 @@ __all__ = [
 STRATEGIES = ("arrangement", "snapshot", "no_shuffle", "blocking", "buffer")
 DEFAULT_STRATEGY = "arrangement"
 DEFAULT_CHUNK_ROWS = 10_000
+#: snapshot's phase-1 chunks run beside the epoch loop, not inside it: a chunk only
+#: bounds one Spark job (which streams and spills), and each chunk has a fixed cost
+DEFAULT_SNAPSHOT_CHUNK_ROWS = 1_000_000
 DEFAULT_TARGET_EPOCH_MS = 5_000
 DEFAULT_MAX_LAG_EPOCHS = 2
 
@@ -117,9 +120,11 @@ def resolve_options(session: dict[str, Any], given: dict[str, Any]) -> BackfillO
             if name.lower() in WAREHOUSE_OPTIONS:
                 raise InvalidOption(f"{name} is a warehouse setting: use SET {name} = N")
             merged[name.lower()] = validate_option(name, value)
+    strategy = merged.get("backfill") or DEFAULT_STRATEGY
     return BackfillOptions(
-        strategy=merged.get("backfill") or DEFAULT_STRATEGY,
-        chunk_rows=merged.get("backfill_chunk_rows") or DEFAULT_CHUNK_ROWS,
+        strategy=strategy,
+        chunk_rows=merged.get("backfill_chunk_rows") or (
+            DEFAULT_SNAPSHOT_CHUNK_ROWS if strategy == "snapshot" else DEFAULT_CHUNK_ROWS),
         rate_limit=merged.get("backfill_rate_limit"),
         parallelism=merged.get("backfill_parallelism"),
         target_epoch_ms=(DEFAULT_TARGET_EPOCH_MS if merged.get("backfill_target_epoch_ms") is None

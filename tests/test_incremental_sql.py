@@ -284,7 +284,8 @@ def test_unsupported_sql_is_refused_and_changes_nothing(engine, query, needle):
         engine.relation("bad")
 
 
-@pytest.mark.parametrize("strategy", ["arrangement", "snapshot"])
+@pytest.mark.parametrize("strategy", ["arrangement", "snapshot", "no_shuffle", "blocking",
+                                      "buffer"])
 def test_union_all_keeps_every_branch_row_created_online(spark, tmp_path, strategy):
     rng = random.Random(44)
     warehouse = tmp_path / "wh"

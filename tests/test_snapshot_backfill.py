@@ -22,6 +22,7 @@ from workload import Workload, create_table_sql
 
 import sparkfill.snapshot_jobs as snapshot_jobs
 from sparkfill import Engine, MaterializedViewNotReady
+from sparkfill.options import resolve_options
 
 SHAPES = {
     "proj": ("SELECT id, v * 2 AS w2, upper(s) AS us FROM {t} WHERE v % 3 <> 0", ["t"]),
@@ -263,3 +264,12 @@ def _created_as_of(eng, epoch: int) -> bool:
     except MaterializedViewNotReady:
         return False
     return True
+
+
+def test_snapshot_chunks_default_large_and_an_explicit_size_wins():
+    # phase 1's chunks run beside the epochs: the default is large, the user's value wins
+    assert resolve_options({}, {"backfill": "snapshot"}).chunk_rows == 1_000_000
+    assert resolve_options({"backfill": "snapshot"}, {}).chunk_rows == 1_000_000
+    assert resolve_options({}, {"backfill": "snapshot", "backfill_chunk_rows": 500}) \
+        .chunk_rows == 500
+    assert resolve_options({}, {"backfill": "arrangement"}).chunk_rows == 10_000
