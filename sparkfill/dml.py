@@ -29,7 +29,7 @@ from .changelog import consolidate
 from .errors import DataError, UnknownColumn
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import RelationStore
-from .schema import arrow_type, spark_type
+from .schema import arrow_type, spark_type, vnode_expr
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
 
@@ -242,8 +242,11 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
     latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
-    old = store.snapshot(rel.stored, prev_epoch).join(
-        F.broadcast(latest.select(*key)), key, "left_semi").select(*cols)
+    # the old rows of the touched keys: only the files of their vnodes are read
+    keys = latest.select(*key)
+    vnodes = [int(r[0]) for r in keys.select(vnode_expr(key)).distinct().collect()]
+    old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes).join(
+        F.broadcast(keys), key, "left_semi").select(*cols)
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)
     return consolidate(old, new, cols, key)
 
