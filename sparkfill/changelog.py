@@ -16,7 +16,22 @@ from pyspark.sql import functions as F
 from .relation_store import BEFORE_OPS, LIVE_OPS
 from .schema import EPOCH, OP, VNODE, vnode_expr
 
-__all__ = ["consolidate", "before_images", "after_images", "touched_keys", "span_change"]
+__all__ = ["consolidate", "before_images", "after_images", "touched_keys", "span_change",
+           "union_all", "touched_vnodes"]
+
+
+def union_all(parts: Sequence[DataFrame]) -> DataFrame:
+    """The rows of every part (by column name); ``parts`` is not empty."""
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
+def touched_vnodes(keys: DataFrame) -> list[int]:
+    """The distinct ``_vnode`` values of ``keys`` (a small collect to the driver):
+    the partitions whose state files a lookup of these keys must read."""
+    return [int(r[0]) for r in keys.select(VNODE).distinct().collect()]
 
 
 def before_images(delta: DataFrame) -> DataFrame:

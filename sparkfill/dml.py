@@ -25,11 +25,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .catalog import Relation
-from .changelog import consolidate
+from .changelog import consolidate, touched_vnodes
 from .errors import DataError, UnknownColumn
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import RelationStore
-from .schema import arrow_type, spark_type, vnode_expr
+from .schema import VNODE, arrow_type, spark_type, vnode_expr
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
 
@@ -244,7 +244,7 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
     # the old rows of the touched keys: only the files of their vnodes are read
     keys = latest.select(*key)
-    vnodes = [int(r[0]) for r in keys.select(vnode_expr(key)).distinct().collect()]
+    vnodes = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key)))
     old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes).join(
         F.broadcast(keys), key, "left_semi").select(*cols)
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)

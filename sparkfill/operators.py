@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
-from .changelog import after_images, before_images, consolidate
+from .changelog import after_images, before_images, consolidate, touched_vnodes, union_all
 from .epoch_cache import materialize
 from .planner import GROUP_KEY, GROUP_OF_ROW, JOIN_KEY, MvPlan
 from .relation_store import RelationStore
@@ -62,11 +62,12 @@ class DataflowResult:
     tag: int | None = None
 
 
-def _union(parts: Sequence[DataFrame]) -> DataFrame:
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out
+def _filter_project(df: DataFrame, where: str | None,
+                    rows: Sequence[tuple[str, str]]) -> DataFrame:
+    """``SELECT sql AS name, ... FROM df [WHERE where]`` from a plan's strings."""
+    if where:
+        df = df.where(F.expr(where))
+    return df.select(*[F.expr(sql).alias(name) for name, sql in rows])
 
 
 def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
@@ -107,8 +108,8 @@ class MvDataflow:
         if plan.branches:
             moved = [(i, c) for i, c in enumerate(changes) if c is not None]
             if moved:
-                before = _union([self.project_branch(plan, i, c.before) for i, c in moved])
-                after = _union([self.project_branch(plan, i, c.after) for i, c in moved])
+                before = union_all([self.project_branch(plan, i, c.before) for i, c in moved])
+                after = union_all([self.project_branch(plan, i, c.after) for i, c in moved])
                 result.delta = consolidate(before.select(*names), after.select(*names),
                                            names, mv.key)
             return result
@@ -137,18 +138,13 @@ class MvDataflow:
             left = inputs[0].alias(plan.leaves[0].alias)
             right = inputs[1].alias(plan.leaves[1].alias)
             df = left.join(right, F.expr(plan.join.on), plan.join.how)
-        if plan.where:
-            df = df.where(F.expr(plan.where))
-        return df.select(*[F.expr(sql).alias(name) for name, sql in plan.rows])
+        return _filter_project(df, plan.where, plan.rows)
 
     @staticmethod
     def project_branch(plan: MvPlan, branch: int, rows: DataFrame) -> DataFrame:
         """A UNION ALL branch's rows (with the MV's key columns) from its leaf's rows."""
         spec = plan.branches[branch]
-        df = rows.alias(plan.leaves[branch].alias)
-        if spec.where:
-            df = df.where(F.expr(spec.where))
-        return df.select(*[F.expr(sql).alias(name) for name, sql in spec.rows])
+        return _filter_project(rows.alias(plan.leaves[branch].alias), spec.where, spec.rows)
 
     def _join(self, plan: MvPlan, leaves: Sequence[Relation], states: Sequence[Relation],
               changes: Sequence[Change | None], epoch: int, result: DataflowResult,
@@ -173,11 +169,9 @@ class MvDataflow:
             touched.append(delta.select(JOIN_KEY))
         if not touched:
             return None
-        keys = touched[0]
-        for t in touched[1:]:
-            keys = keys.unionByName(t)
-        keys = materialize(keys.distinct().withColumn(VNODE, vnode_expr([JOIN_KEY])), result.cached)
-        vnodes = [int(r[0]) for r in keys.select(VNODE).distinct().collect()]
+        keys = materialize(union_all(touched).distinct()
+                           .withColumn(VNODE, vnode_expr([JOIN_KEY])), result.cached)
+        vnodes = touched_vnodes(keys)
         if not vnodes:
             return None
         olds, news = [], []
@@ -238,7 +232,7 @@ class MvDataflow:
             return None
         groups = materialize(delta.select(GROUP_OF_ROW).distinct()
                           .withColumn(VNODE, vnode_expr([GROUP_OF_ROW])), result.cached)
-        vnodes = [int(r[0]) for r in groups.select(VNODE).distinct().collect()]
+        vnodes = touched_vnodes(groups)
         if not vnodes:
             return None
         old_input = materialize(

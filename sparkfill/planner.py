@@ -645,18 +645,19 @@ def _plan_union(spark: SparkSession, query: exp.Union,
     one relation read twice) stay two rows.
     """
     selects = [b.unnest() if isinstance(b, exp.Subquery) else b for b in union_branches(query)]
-    scopes, probes, views = [], [], []
+    scopes, items_of, probes, views = [], [], [], []
     try:
         for select in selects:
             assert isinstance(select, exp.Select)
             scope = _Scope(leaf_tables(select), resolve)
             scopes.append(scope)
+            items_of.append(_expand_stars(select, scope))
             alias, info = scope.leaves[0]
             view = f"__sf_plan_{uuid.uuid4().hex[:12]}"
             spark.createDataFrame([], user_struct([c for c in info.columns if not c.hidden])) \
                 .createOrReplaceTempView(view)
             views.append(view)
-            probe = exp.select(*[i.copy() for i in _expand_stars(select, scope)]).from_(
+            probe = exp.select(*[i.copy() for i in items_of[-1]]).from_(
                 exp.Table(this=exp.to_identifier(view),
                           alias=exp.TableAlias(this=exp.to_identifier(alias))))
             where = select.args.get("where")
@@ -679,9 +680,8 @@ def _plan_union(spark: SparkSession, query: exp.Union,
     types = [f.dataType.simpleString() for f in schema.fields]
     columns = [_column_of(n, t, True) for n, t in zip(names, types, strict=True)]
     branches = []
-    for n, (select, scope) in enumerate(zip(selects, scopes, strict=True)):
+    for n, (select, scope, items) in enumerate(zip(selects, scopes, items_of, strict=True)):
         alias, info = scope.leaves[0]
-        items = _expand_stars(select, scope)  # type: ignore[arg-type]
         rows = [(name, f"CAST(({item.unalias().sql(dialect='spark')}) AS {type_})")
                 for name, item, type_ in zip(names, items, types, strict=True)]
         fields = ", ".join(f"`{alias}`.`{k}` AS k{i}" for i, k in enumerate(info.key))

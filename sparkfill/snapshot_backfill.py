@@ -39,6 +39,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
+from .changelog import union_all
 from .operators import MvDataflow
 from .planner import GROUP_OF_ROW, JOIN_KEY
 from .relation_store import DataFile, RelationStore
@@ -223,9 +224,8 @@ class SnapshotJob(threading.Thread):
             targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
             mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
         else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
-            mv_rows = self._chunks_of(0, self.mv)
-            for leaf in range(1, len(self.leaves)):
-                mv_rows = mv_rows.unionByName(self._chunks_of(leaf, self.mv))
+            mv_rows = union_all([self._chunks_of(leaf, self.mv)
+                                 for leaf in range(len(self.leaves))])
         targets.append((self.mv, mv_rows, ""))
         manifest: dict[str, Any] = {}
         for rel, rows, dist in targets:
@@ -267,7 +267,4 @@ def leaf_span(store: RelationStore, leaf: Relation, after: int, upto: int,
                      .select(*[c.name for c in leaf.columns], VNODE, "_epoch", "_op"))
     if not parts:
         return None
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out
+    return union_all(parts)

@@ -76,6 +76,19 @@ def dim_dml(eng, rng: random.Random, dims: dict[int, dict]) -> None:
             dims[g] = row
 
 
+def start_workload(eng, spark, rng: random.Random, key_space: int,
+                   rows: int) -> tuple[Workload, dict[int, dict]]:
+    """Tables ``t`` and ``d``, ``rows`` initial rows of ``t``, a few of ``d``, one epoch."""
+    eng.sql(create_table_sql("t"))
+    eng.sql(DIM_SQL)
+    work = Workload(eng, spark, "t", rng, key_space=key_space)
+    work.initial_load(rows)
+    dims: dict[int, dict] = {}
+    dim_dml(eng, rng, dims)
+    eng.step()
+    return work, dims
+
+
 @pytest.mark.parametrize("seed,strategy", [
     (1, "arrangement"), (2, "no_shuffle"), (3, "blocking"), (4, "buffer"), (5, "snapshot"),
 ])
@@ -83,13 +96,7 @@ def test_random_shapes_created_online_match_batch_every_epoch(spark, tmp_path, s
     rng = random.Random(seed)
     warehouse = tmp_path / "wh"
     eng = Engine(warehouse, spark=spark)
-    eng.sql(create_table_sql("t"))
-    eng.sql(DIM_SQL)
-    work = Workload(eng, spark, "t", rng, key_space=900)
-    work.initial_load(400)
-    dims: dict[int, dict] = {}
-    dim_dml(eng, rng, dims)
-    eng.step()
+    work, dims = start_workload(eng, spark, rng, key_space=900, rows=400)
     mvs: dict[str, tuple[str, list[str]]] = {}
     try:
         for epoch_no in range(7):
@@ -290,13 +297,7 @@ def test_union_all_keeps_every_branch_row_created_online(spark, tmp_path, strate
     rng = random.Random(44)
     warehouse = tmp_path / "wh"
     eng = Engine(warehouse, spark=spark)
-    eng.sql(create_table_sql("t"))
-    eng.sql(DIM_SQL)
-    work = Workload(eng, spark, "t", rng, key_space=500)
-    work.initial_load(300)
-    dims: dict[int, dict] = {}
-    dim_dml(eng, rng, dims)
-    eng.step()
+    work, dims = start_workload(eng, spark, rng, key_space=500, rows=300)
     # duplicates across branches and within the union stay: a bag, not a set
     sql = ("SELECT g AS k, v AS x FROM {t} WHERE v % 2 = 0 UNION ALL "
            "SELECT w, g FROM {d} UNION ALL SELECT g, v FROM {t} WHERE v < 400")

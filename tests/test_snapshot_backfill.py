@@ -17,8 +17,8 @@ import time
 
 import pytest
 from helpers import subprocess_env
-from test_incremental_sql import DIM_SQL, check, dim_dml
-from workload import Workload, create_table_sql
+from test_incremental_sql import check, dim_dml, start_workload
+from workload import Workload
 
 import sparkfill.snapshot_jobs as snapshot_jobs
 from sparkfill import Engine, MaterializedViewNotReady
@@ -41,13 +41,7 @@ SHAPES = {
 
 def _setup(eng, spark, seed: int, rows: int = 600) -> tuple[Workload, dict, random.Random]:
     rng = random.Random(seed)
-    eng.sql(create_table_sql("t"))
-    eng.sql(DIM_SQL)
-    work = Workload(eng, spark, "t", rng, key_space=1500)
-    work.initial_load(rows)
-    dims: dict[int, dict] = {}
-    dim_dml(eng, rng, dims)
-    eng.step()
+    work, dims = start_workload(eng, spark, rng, key_space=1500, rows=rows)
     return work, dims, rng
 
 
