@@ -2,7 +2,7 @@
 #   make demo   - set up .venv, ensure Java 17/21, run the demo
 #   make test   - set up .venv, ensure Java 17/21, run pytest (PYTEST_ARGS="-k foo" to filter)
 #   make lint   - ruff + mypy
-#   make bench  - run the backfill benchmark
+#   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
 #   make clean  - remove caches and generated warehouses (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -51,6 +51,7 @@ lint: venv
 
 bench: venv
 	@$(WITH_JAVA) exec $(VPY) bench/backfill_bench.py
+	@$(WITH_JAVA) exec $(VPY) bench/steady_bench.py --out bench/RESULTS.md
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

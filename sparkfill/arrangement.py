@@ -150,6 +150,7 @@ class ArrangementScan:
             F.col(VNODE).alias("v")).agg(F.count(F.lit(1)).alias("n"),
                                          F.max(position_struct(up.key_columns)).alias("last"),
                                          ).collect()}
+        self.store.spark_jobs += 1
         states = list(progress.states)
         total = 0
         for v in active:

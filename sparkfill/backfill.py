@@ -181,6 +181,7 @@ class BackfillScan:
         if limit is None:
             chunk = self.store.snapshot(up, epoch, after=pos)
             chunk = chunk.persist(StorageLevel.MEMORY_AND_DISK)
+            self.store.spark_jobs += 1
             return chunk, END, chunk.count()
         estimate = self.store.estimate_rows_by_vnode(up, epoch, live_rows)
         hi = pick_vnode_hi(estimate, pos, limit)
@@ -188,6 +189,7 @@ class BackfillScan:
         chunk = snap.orderBy(VNODE, *up.key).limit(limit).persist(StorageLevel.MEMORY_AND_DISK)
         stats = chunk.agg(F.count(F.lit(1)).alias("n"),
                           F.max(position_struct(up.key_columns)).alias("last")).collect()[0]
+        self.store.spark_jobs += 1
         n = int(stats["n"])
         if n >= limit:
             last = stats["last"]

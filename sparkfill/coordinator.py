@@ -9,12 +9,14 @@ visible before ``commit_epoch``.
 
 Epoch ``e``:
 1. inputs: the staged DML pinned by the plan;
-2. Δ per relation in topological order: tables from DML; an MV from its leaves'
+2. Δ per relation in topological order, each appended as soon as it is computed
+   (one Spark job, which also counts its rows and vnodes) and read back from its
+   files by the relations downstream: tables from DML; an MV from its leaves'
    changes (their Δs once created, their backfill scans while creating) through
-   its operators, which also yield the Δs of its state tables;
-3. append every non-empty Δ to its relation;
-4. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
-5. release the epoch's cached Δs; compact and vacuum.
+   its operators, which append the Δs of its state tables the same way; a
+   relation whose inputs did not change runs nothing;
+3. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
+4. release the backfill chunks read for ``e``; compact and vacuum.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -38,13 +40,12 @@ from .backfill import (
 )
 from .catalog import Catalog, Relation
 from .dml import DmlStager, table_delta
-from .epoch_cache import materialize, release
 from .keyrange import END
 from .meta_store import EpochCommit, MetaStore, ProgressRow
-from .operators import DataflowResult, MvDataflow, change_of
+from .operators import DataflowResult, Emit, MvDataflow, change_of
 from .progress import EpochReport, JobProgress
-from .relation_store import RelationStore
-from .schema import OP
+from .relation_store import Appended, RelationStore
+from .session import default_parallelism_of
 from .snapshot_jobs import SnapshotJobs
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS"]
@@ -57,6 +58,41 @@ STALL_EPOCHS = 5
 class _RateSample:
     at: float
     rows: int
+
+
+@dataclass
+class EpochAppends:
+    """The appends of one epoch, made as each relation's Δ is computed: the Δs read
+    back for the relations downstream, the Delta versions to commit with the epoch
+    and the rows each Δ holds per ``_op``."""
+
+    store: RelationStore
+    epoch: int
+    deltas: dict[int, DataFrame] = field(default_factory=dict)
+    counts: dict[int, dict[str, int]] = field(default_factory=dict)
+    versions: dict[int, int] = field(default_factory=dict)
+    #: appends made as an earlier epoch (a snapshot job catching up): (relation, epoch, version)
+    tagged: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
+               tag: int | None = None) -> Appended | None:
+        tag = self.epoch if tag is None else tag
+        written = self.store.append(rel.stored, tag, delta, rows_hint)
+        if written is None:
+            return None
+        self.deltas[rel.id] = written.delta
+        self.counts[rel.id] = written.counts
+        if tag == self.epoch:
+            self.versions[rel.id] = written.version
+        else:
+            self.tagged.append((rel.id, tag, written.version))
+        return written
+
+    def emitter(self, tag: int | None = None) -> Emit:
+        return lambda rel, delta, rows_hint: self.append(rel, delta, rows_hint, tag)
+
+    def rows(self, rel_id: int) -> int:
+        return sum(self.counts.get(rel_id, {}).values())
 
 
 class EpochCoordinator:
@@ -165,7 +201,7 @@ class EpochCoordinator:
         queued = self.queued()
         creating = [r for r in self.catalog.all()
                     if r.kind == "mv" and r.state == "creating" and r.id not in queued]
-        default_parallelism = self.spark.sparkContext.defaultParallelism
+        default_parallelism = default_parallelism_of(self.spark)
         return {"epoch": epoch, "dml_upto": max((b.seq for b in staged), default=0),
                 "limits": {str(r.id): self._chunk_limit(r, now) for r in creating},
                 "parallelism": {str(r.id): (r.options.parallelism if r.options
@@ -191,6 +227,7 @@ class EpochCoordinator:
         started = time.time()
         epoch = int(plan["epoch"])
         self.store.rows_read.clear()
+        jobs_before = self.store.spark_jobs
 
         # phase 1: inputs — the staged DML the plan pinned
         batches = self.meta.staged(int(plan["dml_upto"]))
@@ -198,15 +235,12 @@ class EpochCoordinator:
         for b in batches:
             by_table[b.rel_id].append(b)
 
-        # phase 2: Δ per relation, in topological order
-        deltas: dict[int, DataFrame] = {}
-        counts: dict[int, dict[str, int]] = {}
+        # phase 2: Δ per relation, in topological order, each appended once computed
+        appends = EpochAppends(self.store, epoch)
         cached: list[DataFrame] = []
         progress: list[ProgressRow] = []
         created: list[int] = []
         chunk_rows: dict[int, int] = {}
-        tags: dict[int, int] = {}
-        tagged: list[tuple[int, int, int]] = []
         extra_rows: dict[int, int] = {}
         for rel in self.catalog.all():
             if rel.kind == "state":
@@ -214,17 +248,17 @@ class EpochCoordinator:
             if rel.kind == "mv" and rel.state == "creating" and rel.options is not None \
                     and rel.options.strategy == "snapshot":
                 with self.store.reading_for(rel.name):
-                    step = self.snapshots.step(rel, deltas, epoch)
+                    step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
                 progress.extend(step.progress)
-                tagged.extend(step.versions)
+                appends.tagged.extend(step.versions)
                 extra_rows.update(step.row_counts)
                 if step.created:
                     created.append(rel.id)
-                out = step.result
+                out, hint = step.result, step.rows_hint
                 scans: list[ScanResult] = []
             else:
                 with self.store.reading_for(rel.name):
-                    out, scans = self._delta_of(rel, by_table, deltas, plan, epoch)
+                    out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch)
             if scans:
                 chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
                 for leaf, scan in enumerate(scans):
@@ -233,47 +267,27 @@ class EpochCoordinator:
                                     [state_to_row(rel.id, scan.state, scan.pinned_epoch, leaf)])
                 if all(isinstance(scan.state, Done) for scan in scans):
                     created.append(rel.id)
-            if out is None:
-                continue
-            cached.extend(out.cached)
-            for rel_id, delta in [*out.state_deltas.items(), (rel.id, out.delta)]:
-                if delta is None:
-                    continue
-                if out.tag is not None:
-                    tags[rel_id] = out.tag
-                delta = materialize(delta, cached)
-                by_op = {r[0]: int(r[1]) for r in delta.groupBy(OP).count().collect()}
-                if sum(by_op.values()):
-                    deltas[rel_id] = delta
-                    counts[rel_id] = by_op
-
-        # phase 3: append every non-empty Δ
-        versions: dict[int, int] = {}
-        for rel in self.catalog.all():
-            if rel.id in deltas:
-                rows = sum(counts[rel.id].values())
-                tag = tags.get(rel.id, epoch)
-                version = self.store.append(rel.stored, tag, deltas[rel.id], rows)
-                if tag == epoch:
-                    versions[rel.id] = version
-                else:
-                    tagged.append((rel.id, tag, version))
-
+            if out is not None and out.delta is not None:
+                with self.store.reading_for(rel.name):
+                    appends.append(rel, out.delta, hint, out.tag)
+        counts = appends.counts
         self._inserted = {rid: c.get("+", 0) for rid, c in counts.items()}
 
-        # phase 4: commit the epoch
+        # phase 3: commit the epoch
         finished = time.time()
         self.meta.commit_epoch(EpochCommit(
-            epoch=epoch, seconds=finished - started, finished_at=finished, versions=versions,
+            epoch=epoch, seconds=finished - started, finished_at=finished,
+            versions=appends.versions,
             row_count_deltas={**extra_rows, **{rid: c.get("+", 0) - c.get("-", 0)
                                                for rid, c in counts.items()}},
             progress=progress, created=created, applied_dml_upto=int(plan["dml_upto"]),
-            tagged_versions=tagged,
+            tagged_versions=appends.tagged,
         ))
 
-        # phase 5: release the epoch's data; housekeeping
+        # phase 4: release the epoch's backfill chunks; housekeeping
+        spark_jobs = self.store.spark_jobs - jobs_before
         for df in cached:
-            release(df)
+            df.unpersist()
         self.stager.remove_applied([b.path for b in batches])
         self.last_rows_read = dict(self.store.rows_read)
         self.catalog.reload()
@@ -281,36 +295,41 @@ class EpochCoordinator:
             mv = self.catalog.get_by_id(mv_id)
             self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))
             self._adapt_budget(mv, finished - started)
-        self._housekeep(epoch, versions)
+        self._housekeep(epoch, appends.versions)
         changes = {self.catalog.get_by_id(rid).name:
                    c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}
         return EpochReport(epoch=epoch, seconds=finished - started, changes=changes,
                            jobs=self.jobs(), rows_read=self.last_rows_read,
                            backfill_rows={self.catalog.get_by_id(k).name: v
-                                          for k, v in chunk_rows.items()})
+                                          for k, v in chunk_rows.items()},
+                           spark_jobs=spark_jobs)
 
     def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
-                  deltas: dict[int, DataFrame], plan: dict[str, Any], epoch: int,
-                  ) -> tuple[DataflowResult | None, list[ScanResult]]:
-        """Δ of one relation for ``epoch`` (with its state tables' Δs) and, for a
-        creating MV, the result of each leaf's backfill scan."""
+                  appends: EpochAppends, plan: dict[str, Any], epoch: int,
+                  ) -> tuple[DataflowResult | None, list[ScanResult], int]:
+        """Δ of one relation for ``epoch`` (its operators append their state tables'
+        Δs), for a creating MV the result of each leaf's backfill scan, and about
+        how many rows the Δ holds."""
         if rel.kind == "table":
             batches = by_table.get(rel.id)
             if not batches:
-                return None, []
-            return DataflowResult(table_delta(self.spark, self.store, rel, batches,
-                                              epoch - 1)), []
+                return None, [], 0
+            return (DataflowResult(table_delta(self.spark, self.store, rel, batches, epoch - 1)),
+                    [], sum(b.rows for b in batches))
         assert rel.plan is not None and rel.options is not None
         leaves = self.catalog.leaves_of(rel)
         states = self.catalog.states_of(rel)
+        deltas = appends.deltas
+        hint = sum(appends.rows(leaf.id) for leaf in leaves)
         if rel.state == "created":
             changes = [change_of(deltas.get(leaf.id), [c.name for c in leaf.columns])
                        for leaf in leaves]
             if all(c is None for c in changes):
-                return None, []
-            return self.dataflow.run(rel, leaves, states, changes, epoch, False), []
+                return None, [], 0
+            return (self.dataflow.run(rel, leaves, states, changes, epoch, False,
+                                      appends.emitter(), hint), [], hint)
         if rel.id in plan.get("queued", []):
-            return None, []
+            return None, [], 0
         rows = self.meta.progress(rel.id)
         initial = all(r.state == "not_started" for r in rows)
         active = self._active_leaf(rel, leaves, rows)
@@ -318,9 +337,10 @@ class EpochCoordinator:
         scans = [self._scan_leaf(rel, i, leaf, [r for r in rows if r.leaf == i],
                                  limit if i == active else 0, deltas.get(leaf.id), plan, epoch)
                  for i, leaf in enumerate(leaves)]
+        hint += sum(s.chunk_rows for s in scans)
         result = self.dataflow.run(rel, leaves, states, [s.change for s in scans], epoch,
-                                   initial)
-        return result, scans
+                                   initial, appends.emitter(), hint)
+        return result, scans, hint
 
     def _active_leaf(self, mv: Relation, leaves: list[Relation],
                      rows: list[ProgressRow]) -> int | None:

@@ -247,6 +247,7 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     vnodes = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key)))
     old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes).join(
         F.broadcast(keys), key, "left_semi").select(*cols)
+    store.spark_jobs += 2  # the touched vnodes' collect, the broadcast of the keys
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)
     return consolidate(old, new, cols, key)
 

@@ -14,25 +14,27 @@ from that state with the changes applied; the difference of the two is the
 output. Reads of a state table are pruned to the touched partitions' vnodes and
 filtered by a broadcast of the touched keys, so an epoch's work follows its
 changes, not the size of the state (global aggregates, one partition, excepted).
+
+A state table's Δ is appended (``emit``) as soon as it is computed, in one Spark
+job that also observes the vnodes it touched; the operator reads it back from
+the written files, so no Δ is computed twice and no plan grows down a chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
-from .changelog import after_images, before_images, consolidate, touched_vnodes, union_all
-from .epoch_cache import materialize
+from .changelog import after_images, before_images, consolidate, union_all
 from .planner import GROUP_KEY, GROUP_OF_ROW, JOIN_KEY, MvPlan
-from .relation_store import RelationStore
-from .schema import VNODE, vnode_expr
+from .relation_store import Appended, RelationStore
 
-__all__ = ["Change", "change_of", "DataflowResult", "MvDataflow"]
+__all__ = ["Change", "change_of", "DataflowResult", "Emit", "MvDataflow"]
 
 
 @dataclass
@@ -51,13 +53,15 @@ def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
     return Change(before_images(delta).select(*columns), after_images(delta).select(*columns))
 
 
+#: appends a state table's Δ for the epoch (``rows_hint``: about how many rows);
+#: returns what was written, or None when the Δ was empty
+Emit = Callable[[Relation, DataFrame, int], Appended | None]
+
+
 @dataclass
 class DataflowResult:
+    #: the MV's own changelog for the epoch (not written yet), None: no change
     delta: DataFrame | None
-    #: changelog of each state table (by relation id), to append with the epoch
-    state_deltas: dict[int, DataFrame] = field(default_factory=dict)
-    #: DataFrames persisted for this epoch, to release after its commit
-    cached: list[DataFrame] = field(default_factory=list)
     #: the epoch the Δs are appended as (a snapshot job catching up: an earlier one)
     tag: int | None = None
 
@@ -95,9 +99,12 @@ class MvDataflow:
         self.store = store
 
     def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
-            changes: Sequence[Change | None], epoch: int, initial: bool) -> DataflowResult:
+            changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
+            rows_hint: int) -> DataflowResult:
         """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
-        the job's first epoch (a global aggregate emits its row for empty input)."""
+        the job's first epoch (a global aggregate emits its row for empty input);
+        ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
+        changes hold."""
         plan = mv.plan
         assert plan is not None
         result = DataflowResult(None)
@@ -118,7 +125,7 @@ class MvDataflow:
             rows = None if change is None else Change(
                 self.project(plan, [change.before]), self.project(plan, [change.after]))
         else:
-            rows = self._join(plan, leaves, states[:2], changes, epoch, result)
+            rows = self._join(plan, leaves, states[:2], changes, epoch, emit, rows_hint)
 
         # stage 2: the aggregate, or the rows themselves, become the MV's changelog
         if plan.agg is None:
@@ -126,7 +133,8 @@ class MvDataflow:
                 result.delta = consolidate(rows.before.select(*names),
                                            rows.after.select(*names), names, mv.key)
             return result
-        result.delta = self._aggregate(mv, plan, states[-1], rows, epoch, initial, result)
+        result.delta = self._aggregate(mv, plan, states[-1], rows, epoch, initial, emit,
+                                       rows_hint)
         return result
 
     # --- row stage ------------------------------------------------------------------------
@@ -147,39 +155,37 @@ class MvDataflow:
         return _filter_project(rows.alias(plan.leaves[branch].alias), spec.where, spec.rows)
 
     def _join(self, plan: MvPlan, leaves: Sequence[Relation], states: Sequence[Relation],
-              changes: Sequence[Change | None], epoch: int, result: DataflowResult,
+              changes: Sequence[Change | None], epoch: int, emit: Emit, rows_hint: int,
               ) -> Change | None:
         """The join's rows before and after this epoch, for the join keys it touched;
         each side's state table takes that side's change."""
         assert plan.join is not None
         keyed: list[Change | None] = []
         touched: list[DataFrame] = []
+        vnodes: set[int] = set()
         for side, change in enumerate(changes):
-            if change is None:
-                keyed.append(None)
-                continue
             state = states[side]
             cols = [col.name for col in state.columns]
-            delta = materialize(consolidate(self.side_rows(plan, side, change.before, state),
-                                         self.side_rows(plan, side, change.after, state),
-                                         cols, state.key, (JOIN_KEY,)), result.cached)
-            result.state_deltas[state.id] = delta
-            keyed.append(Change(before_images(delta).select(*cols),
-                                after_images(delta).select(*cols)))
-            touched.append(delta.select(JOIN_KEY))
+            written = None if change is None else emit(state, consolidate(
+                self.side_rows(plan, side, change.before, state),
+                self.side_rows(plan, side, change.after, state),
+                cols, state.key, (JOIN_KEY,)), rows_hint)
+            if written is None:
+                keyed.append(None)
+                continue
+            keyed.append(Change(before_images(written.delta).select(*cols),
+                                after_images(written.delta).select(*cols)))
+            touched.append(written.delta.select(JOIN_KEY))
+            vnodes.update(written.vnodes)  # a side's state is distributed by join key
         if not touched:
             return None
-        keys = materialize(union_all(touched).distinct()
-                           .withColumn(VNODE, vnode_expr([JOIN_KEY])), result.cached)
-        vnodes = touched_vnodes(keys)
-        if not vnodes:
-            return None
+        keys = union_all(touched).distinct()
         olds, news = [], []
         for side, state in enumerate(states):
             leaf_cols = [c.name for c in leaves[side].columns]
-            old = materialize(self.store.snapshot(state.stored, epoch - 1, vnodes=vnodes)
-                           .join(F.broadcast(keys.select(JOIN_KEY)), JOIN_KEY, "left_semi"),
-                           result.cached)
+            old = (self.store.snapshot(state.stored, epoch - 1, vnodes=sorted(vnodes))
+                   .join(F.broadcast(keys), JOIN_KEY, "left_semi"))
+            self.store.spark_jobs += side == 0  # both sides share one broadcast of the keys
             change = keyed[side]
             new = old if change is None else old.select(*[c.name for c in state.columns]) \
                 .join(change.before.select(*state.key).unionByName(
@@ -208,17 +214,16 @@ class MvDataflow:
     # --- aggregate stage ------------------------------------------------------------------
 
     def _aggregate(self, mv: Relation, plan: MvPlan, agg_state: Relation,
-                   rows: Change | None, epoch: int, initial: bool,
-                   result: DataflowResult) -> DataFrame | None:
+                   rows: Change | None, epoch: int, initial: bool, emit: Emit,
+                   rows_hint: int) -> DataFrame | None:
         assert plan.agg is not None
         spec = plan.agg
         cols = [c.name for c in agg_state.columns]
-        delta = None
-        if rows is not None:
-            delta = materialize(consolidate(self.agg_input_rows(plan, agg_state, rows.before),
-                                         self.agg_input_rows(plan, agg_state, rows.after),
-                                         cols, agg_state.key, (GROUP_OF_ROW,)), result.cached)
-            result.state_deltas[agg_state.id] = delta
+        written = None if rows is None else emit(agg_state, consolidate(
+            self.agg_input_rows(plan, agg_state, rows.before),
+            self.agg_input_rows(plan, agg_state, rows.after),
+            cols, agg_state.key, (GROUP_OF_ROW,)), rows_hint)
+        delta = None if written is None else written.delta
         names = [c.name for c in mv.columns]
         if not spec.group:
             # a global aggregate: one partition, always one row (before HAVING)
@@ -228,17 +233,13 @@ class MvDataflow:
             state = self.store.snapshot(agg_state.stored, epoch - 1).select(*cols)
             new_input = state if delta is None else self._apply(state, delta, agg_state)
             return consolidate(old, self.evaluate(mv, plan, new_input), names, mv.key)
-        if delta is None:
+        if written is None or delta is None:
             return None
-        groups = materialize(delta.select(GROUP_OF_ROW).distinct()
-                          .withColumn(VNODE, vnode_expr([GROUP_OF_ROW])), result.cached)
-        vnodes = touched_vnodes(groups)
-        if not vnodes:
-            return None
-        old_input = materialize(
-            self.store.snapshot(agg_state.stored, epoch - 1, vnodes=vnodes)
-            .join(F.broadcast(groups.select(GROUP_OF_ROW)), GROUP_OF_ROW, "left_semi")
-            .select(*cols), result.cached)
+        groups = delta.select(GROUP_OF_ROW).distinct()
+        # the state is distributed by group: the Δ's vnodes are the touched groups'
+        old_input = (self.store.snapshot(agg_state.stored, epoch - 1, vnodes=written.vnodes)
+                     .join(F.broadcast(groups), GROUP_OF_ROW, "left_semi").select(*cols))
+        self.store.spark_jobs += 1  # the broadcast of the groups
         new_input = self._apply(old_input, delta, agg_state)
         return consolidate(self.evaluate(mv, plan, old_input),
                            self.evaluate(mv, plan, new_input), names, mv.key)

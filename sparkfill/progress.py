@@ -58,3 +58,6 @@ class EpochReport:
     source_rows: dict[str, int] = field(default_factory=dict)
     #: malformed records each source sent to its dead-letter table this epoch
     dead_letters: dict[str, int] = field(default_factory=dict)
+    #: Spark jobs the epoch ran: its writes, collects and broadcasts (a snapshot
+    #: job's phase 1, which runs beside the epochs, not included)
+    spark_jobs: int = 0

@@ -9,7 +9,10 @@ Invariants:
   per key wins, deletes drop the key. It reads the Delta version the meta store
   recorded for ``e``, never anything above the committed epoch.
 - ``append(e, Δ)`` is idempotent: the commit records ``e`` as a Delta application
-  transaction, and a retried append of ``e`` is skipped.
+  transaction, and a retried append of ``e`` is skipped. An append is one Spark
+  job: the rows per ``_op`` and the vnodes it touched are observed while it is
+  written, and the epoch reads its Δ back from the written files (a plan of
+  one leaf, nothing cached). An empty Δ commits nothing.
 - Compaction swaps all files for new base files in one Delta commit.
 - Every file written is registered as pending before Spark writes it, so a crash
   leaves nothing that recovery cannot find and remove.
@@ -33,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from .keyrange import Position, gt
@@ -47,11 +50,13 @@ from .schema import (
     physical_struct,
 )
 
-__all__ = ["RelationStore", "StoredRelation", "DataFile", "APP_ID", "LIVE_OPS", "BEFORE_OPS"]
+__all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
+           "BEFORE_OPS", "OPS"]
 
 APP_ID = "sparkfill"
 LIVE_OPS = ("+", "U+")
 BEFORE_OPS = ("-", "U-")
+OPS = ("+", "-", "U-", "U+")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,23 @@ class DataFile:
     epoch_max: int
 
 
+@dataclass(frozen=True)
+class Appended:
+    """One epoch's changelog of a relation as it was written: the Delta version that
+    holds it, its rows per ``_op`` and the vnodes it touched (observed while it was
+    written), and the changelog read back from its files (columns, ``_vnode``,
+    ``_op``)."""
+
+    version: int
+    counts: dict[str, int]
+    vnodes: tuple[int, ...]
+    delta: DataFrame
+
+    @property
+    def rows(self) -> int:
+        return sum(self.counts.values())
+
+
 class RelationStore:
     def __init__(
         self,
@@ -109,6 +131,9 @@ class RelationStore:
         #: (the relation whose Δ the read served)
         self.rows_read: dict[str, int] = defaultdict(int)
         self.reader = ""
+        #: Spark jobs the epoch loop ran (a running count): every write, collect, count
+        #: and broadcast of its reads and of the operators and scans above it adds here
+        self.spark_jobs = 0
 
     # --- tables ---------------------------------------------------------------------------
 
@@ -218,6 +243,7 @@ class RelationStore:
         if not base:
             return latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols)
         unchanged = base_df.join(F.broadcast(latest.select(*rel.key)), list(rel.key), "left_anti")
+        self.spark_jobs += 1  # the broadcast, when the read runs
         return unchanged.unionByName(latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols))
 
     def changelog(self, rel: StoredRelation, after_epoch: int, upto_epoch: int) -> DataFrame:
@@ -244,21 +270,30 @@ class RelationStore:
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str,
-                     rows: int, register: bool = True) -> list[AddAction | RemoveAction]:
+    def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str, rows: int,
+                     register: bool = True, observation: Observation | None = None,
+                     ) -> list[AddAction | RemoveAction]:
+        """Write ``df`` as sorted Parquet files under ``subdir`` (one Spark job; with
+        ``observation``, the written rows are counted per ``_op`` and their vnodes
+        collected in the same job)."""
         table_path = self.path(rel)
         out = table_path / subdir
         n_files = max(1, math.ceil(rows / self.target_file_rows))
-        # one small file: coalesce (the Δ is cached, so this costs no shuffle);
-        # several: range-partition so each file covers a narrow vnode range
+        # one small file: coalesce; several: range-partition so each file covers a
+        # narrow vnode range
         ordered = (df.coalesce(1) if n_files == 1
                    else df.repartitionByRange(n_files, VNODE, *rel.key))
         ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
         schema = physical_struct(rel.columns)
         ordered = ordered.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+        if observation is not None:
+            # after the exchange: a range partitioner's sampling job does not run it
+            ordered = ordered.observe(observation, *_delta_metrics())
         if register:
             self.meta.add_pending_dir(rel.id, str(out))
         ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
+        if register:  # the epoch loop's writes (a snapshot job's run beside it)
+            self.spark_jobs += 1 if n_files == 1 else 2  # a range partitioner samples first
         actions: list[AddAction | RemoveAction] = []
         first_key = rel.key[0]
         now_ms = int(time.time() * 1000)
@@ -268,22 +303,52 @@ class RelationStore:
                                      now_ms, True, json.dumps(stats, default=str)))
         return actions
 
-    def append(self, rel: StoredRelation, epoch: int, delta: DataFrame, rows: int) -> int:
-        """Append one epoch's changelog (columns + ``_vnode`` + ``_op``); returns the
-        Delta version that holds it. Idempotent per epoch."""
+    def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
+               rows_hint: int) -> Appended | None:
+        """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
+        job; None when it is empty (nothing is committed). ``rows_hint``: about how
+        many rows it holds (it sets the number of files). Idempotent per epoch: a
+        retried append finds the files the first one committed."""
         table_path = str(self.path(rel))
         dt = DeltaTable(table_path)
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
-            return int(dt.version())
+            return self._appended(rel, epoch, int(dt.version()))
         subdir = f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
-        actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir, rows)
+        observation = Observation(f"sf_append_{uuid.uuid4().hex}")
+        actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
+                                    rows_hint, observation=observation)
+        counts, vnodes = _observed(observation.get)
+        out = self.path(rel) / subdir
+        if not sum(counts.values()):
+            shutil.rmtree(out, ignore_errors=True)
+            self.meta.remove_pending_dir(str(out))
+            return None
         dt.create_write_transaction(
             actions, mode="append", schema=dt.schema(),
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(APP_ID, epoch, int(time.time() * 1000))]),
         )
-        self.meta.remove_pending_dir(str(self.path(rel) / subdir))
-        return _committed_version(table_path)
+        self.meta.remove_pending_dir(str(out))
+        files = [str(table_path / Path(a.path)) for a in actions if isinstance(a, AddAction)]
+        return Appended(_committed_version(table_path), counts, vnodes,
+                        self._read_delta(rel, files))
+
+    def _appended(self, rel: StoredRelation, epoch: int, version: int) -> Appended | None:
+        """The append of ``epoch`` that an earlier attempt committed (recovery)."""
+        prefix = f"log/e{epoch:010d}-"
+        files = [f.uri for f in self.files(rel, version) if f.path.startswith(prefix)]
+        if not files:
+            return None
+        delta = self._read_delta(rel, files)
+        stats = delta.agg(*_delta_metrics()).collect()[0].asDict()
+        self.spark_jobs += 1
+        counts, vnodes = _observed(stats)
+        return Appended(version, counts, vnodes, delta)
+
+    def _read_delta(self, rel: StoredRelation, uris: Sequence[str]) -> DataFrame:
+        """A written changelog read back from its files (not counted as a state read)."""
+        return (self.spark.read.schema(physical_struct(rel.columns)).parquet(*uris)
+                .select(*rel.column_names, VNODE, OP))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
                       rows: int, tag: str) -> list[dict[str, Any]]:
@@ -367,6 +432,18 @@ def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
     w = Window.partitionBy(*key).orderBy(F.col(EPOCH).desc(), rank.desc())
     return (log_df.withColumn("_sf_rn", F.row_number().over(w))
             .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+
+
+def _delta_metrics() -> list[Any]:
+    """Rows per ``_op`` and the distinct vnodes of a changelog, as aggregate columns."""
+    return [*[F.sum((F.col(OP) == op).cast("long")).alias(f"op{i}") for i, op in enumerate(OPS)],
+            F.collect_set(F.col(VNODE)).alias("vnodes")]
+
+
+def _observed(values: dict[str, Any]) -> tuple[dict[str, int], tuple[int, ...]]:
+    counts = {op: int(values.get(f"op{i}") or 0) for i, op in enumerate(OPS)}
+    return ({op: n for op, n in counts.items() if n},
+            tuple(sorted(int(v) for v in values.get("vnodes") or ())))
 
 
 def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-__all__ = ["build_spark_session", "SESSION_CONF"]
+__all__ = ["build_spark_session", "default_parallelism_of", "SESSION_CONF"]
 
 #: Settings applied to every session sparkfill builds.
 SESSION_CONF: dict[str, str] = {
@@ -69,3 +69,10 @@ def build_spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def default_parallelism_of(spark: SparkSession) -> int:
+    """Spark's default parallelism as the session's conf sets it (the local core
+    count when unset); read through the conf, so a Spark Connect session answers."""
+    conf = spark.conf.get("spark.default.parallelism", None)
+    return int(conf) if conf else max(1, os.cpu_count() or 1)

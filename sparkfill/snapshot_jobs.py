@@ -17,6 +17,7 @@ import json
 import shutil
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +26,10 @@ from pyspark.sql import DataFrame, SparkSession
 from .catalog import Catalog, Relation
 from .changelog import span_change
 from .meta_store import MetaStore, ProgressRow
-from .operators import Change, DataflowResult, MvDataflow
+from .operators import Change, DataflowResult, Emit, MvDataflow
 from .progress import JobProgress
 from .relation_store import RelationStore
+from .session import default_parallelism_of
 from .snapshot_backfill import JobControl, SnapshotJob, chunk_plan, job_status, leaf_span
 
 __all__ = ["SnapshotJobs", "SnapshotStep", "CATCH_UP_EPOCHS"]
@@ -46,6 +48,8 @@ class SnapshotStep:
     versions: list[tuple[int, int, int]] = field(default_factory=list)
     row_counts: dict[int, int] = field(default_factory=dict)
     created: bool = False
+    #: about how many rows the result's Δ holds
+    rows_hint: int = 0
 
 
 class SnapshotJobs:
@@ -91,7 +95,7 @@ class SnapshotJobs:
             tmp.write_text(json.dumps(chunk_plan(estimates, mv.options.chunk_rows)))
             tmp.replace(plan_path)
         control = JobControl(rate_limit=mv.options.rate_limit)
-        parallelism = mv.options.parallelism or self.spark.sparkContext.defaultParallelism
+        parallelism = mv.options.parallelism or default_parallelism_of(self.spark)
         job = SnapshotJob(self.spark, self.store, job_dir, mv, leaves,
                           self.catalog.states_of(mv),
                           [self.store.files_at(leaf.stored, s) for leaf in leaves], s,
@@ -133,7 +137,11 @@ class SnapshotJobs:
 
     # --- the epoch loop's part ------------------------------------------------------------
 
-    def step(self, mv: Relation, deltas: dict[int, DataFrame], epoch: int) -> SnapshotStep:
+    def step(self, mv: Relation, deltas: dict[int, DataFrame], epoch: int,
+             emit_as: Callable[[int], Emit]) -> SnapshotStep:
+        """The epoch loop's part of the job for ``epoch``: phase 1's commit once its
+        files are written, then catching up on the log store (state tables' Δs
+        appended through ``emit_as(epoch they belong to)``), then joining."""
         assert mv.options is not None
         leaves = self.catalog.leaves_of(mv)
         if self._in_phase_1(mv):
@@ -160,13 +168,16 @@ class SnapshotJobs:
             before, after = span_change(span, [c.name for c in leaf.columns], leaf.key)
             changes.append(Change(before, after))
         result = None
+        hint = sum(f.rows for leaf in leaves
+                   for f in self.store.files_at(leaf.stored, min(upto, epoch - 1))
+                   if f.kind == "log" and f.epoch_max > position)
         if any(c is not None for c in changes):
             result = self.dataflow.run(mv, leaves, self.catalog.states_of(mv), changes, upto,
-                                       False)
+                                       False, emit_as(upto), hint)
             result.tag = upto
         progress = [ProgressRow(mv.id, i, WHOLE, "done", None, done.get(i, 0), upto)
                     for i in range(len(leaves))]
-        return SnapshotStep(result, progress, created=join)
+        return SnapshotStep(result, progress, created=join, rows_hint=hint)
 
     def _phase_1(self, mv: Relation, leaves: list[Relation]) -> SnapshotStep:
         s = mv.created_epoch
