@@ -33,6 +33,9 @@ from .schema import VNODE, arrow_type, spark_type, vnode_expr
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
 
+#: a DML batch of at most this many rows collects its keys to prune the lookup of
+#: their old rows by the files' key ranges (beyond it: by vnodes only)
+LOOKUP_KEYS = 100_000
 UPSERT = "U"
 DELETE = "D"
 SEQ = "_sf_seq"
@@ -242,12 +245,19 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
     latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
-    # the old rows of the touched keys: only the files of their vnodes are read
+    # the old rows of the touched keys: only the files of their vnodes are read, and
+    # of those, for a batch of at most LOOKUP_KEYS keys, only the files whose key range
+    # holds one (new keys above the table's range read nothing)
     keys = latest.select(*key)
-    vnodes = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key)))
-    old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes).join(
+    if sum(b.rows for b in batches) <= LOOKUP_KEYS:
+        found = keys.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
+        vnodes = sorted({int(r[0]) for r in found})
+        first_keys: list[Any] | None = sorted({r[1] for r in found if r[1] is not None})
+    else:
+        vnodes, first_keys = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key))), None
+    old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys).join(
         F.broadcast(keys), key, "left_semi").select(*cols)
-    store.spark_jobs += 2  # the touched vnodes' collect, the broadcast of the keys
+    store.spark_jobs += 2  # the touched keys' collect, the broadcast of the keys
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)
     return consolidate(old, new, cols, key)
 

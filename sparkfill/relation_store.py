@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import shutil
@@ -89,6 +90,19 @@ class DataFile:
     vnode_max: int
     epoch_min: int
     epoch_max: int
+    #: the range of the first key column (None: unknown, e.g. a type without stats)
+    key_min: Any = None
+    key_max: Any = None
+
+    def may_hold(self, first_keys: Sequence[Any]) -> bool:
+        """Whether a value of the sorted ``first_keys`` lies in this file's key range."""
+        if self.key_min is None or self.key_max is None:
+            return True
+        try:
+            i = bisect.bisect_left(first_keys, self.key_min)
+            return i < len(first_keys) and first_keys[i] <= self.key_max
+        except TypeError:  # values of another type than the statistics: no pruning
+            return True
 
 
 @dataclass(frozen=True)
@@ -181,6 +195,8 @@ class RelationStore:
                 vnode_max=int(_stat(a, "max", VNODE, 255)),
                 epoch_min=int(_stat(a, "min", EPOCH, 0)),
                 epoch_max=int(_stat(a, "max", EPOCH, 2**62)),
+                key_min=a.get(f"min.{rel.key[0]}"),
+                key_max=a.get(f"max.{rel.key[0]}"),
             )
             for a in actions
         ]
@@ -213,12 +229,19 @@ class RelationStore:
         vnode_hi: int | None = None,
         vnodes: Sequence[int] | None = None,
         files: Sequence[DataFile] | None = None,
+        first_keys: Sequence[Any] | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
         whose vnode range can hold such rows are read. ``files``: the relation's
-        files at ``epoch``, when the caller resolved them (no meta-store access)."""
+        files at ``epoch``, when the caller resolved them (no meta-store access).
+        ``first_keys`` (sorted): a lookup's values of the first key column; files
+        whose key range holds none of them are skipped too (the caller still
+        filters the rows by its keys)."""
         files = self.files_at(rel, epoch) if files is None else list(files)
+        base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
+        if first_keys is not None:
+            files = [f for f in files if f.may_hold(first_keys)]
         lo_v = after.vnode if after is not None else 0
         hi_v = vnode_hi if vnode_hi is not None else 255
         selected = [f for f in files if f.vnode_max >= lo_v and f.vnode_min <= hi_v]
@@ -233,7 +256,6 @@ class RelationStore:
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
-        base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
         base_df = self._read(rel, base).where(cond).select(*out_cols)
         if not log:
             return base_df

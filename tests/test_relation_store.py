@@ -40,9 +40,9 @@ def _changelog(spark, rows: list[tuple[int, str | None, str]]):
 
 
 def _commit(store, meta, rel, epoch, rows, spark):
-    version = store.append(rel, epoch, _changelog(spark, rows), len(rows))
-    meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: version}, {}, [], [], 0))
-    return version
+    written = store.append(rel, epoch, _changelog(spark, rows), len(rows))
+    meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: written.version}, {}, [], [], 0))
+    return written.version
 
 
 def _snap(store, rel, epoch):
@@ -82,9 +82,26 @@ def test_append_is_idempotent_per_epoch(store, spark):
     st_, meta, rel = store
     v1 = _commit(st_, meta, rel, 1, [(1, "a", "+")], spark)
     again = st_.append(rel, 1, _changelog(spark, [(1, "a", "+")]), 1)
-    assert again == v1
+    assert again.version == v1 and again.counts == {"+": 1}  # found, not written again
+    assert [(r.id, r.v, r[OP]) for r in again.delta.collect()] == [(1, "a", "+")]
     assert len(st_.files(rel, st_.latest_version(rel))) == 1
     assert _snap(st_, rel, 1) == [(1, "a")]
+
+
+def test_append_observes_its_rows_and_vnodes_and_reads_back(store, spark):
+    st_, meta, rel = store
+    rows = [(1, "a", "+"), (2, "b", "U-"), (2, "b2", "U+"), (3, None, "-")]
+    jobs = st_.spark_jobs
+    written = st_.append(rel, 1, _changelog(spark, rows), len(rows))
+    assert st_.spark_jobs == jobs + 1, "one Spark job writes, counts and collects vnodes"
+    assert written.counts == {"+": 1, "U-": 1, "U+": 1, "-": 1}
+    want_vnodes = sorted({r[0] for r in _changelog(spark, rows).select(VNODE).collect()})
+    assert list(written.vnodes) == want_vnodes
+    assert sorted((r.id, r.v, r[OP]) for r in written.delta.collect()) == sorted(rows)
+    # an empty changelog commits nothing
+    version = st_.latest_version(rel)
+    assert st_.append(rel, 2, _changelog(spark, [(9, "x", "+")]).limit(0), 0) is None
+    assert st_.latest_version(rel) == version
 
 
 def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
