@@ -31,8 +31,17 @@ from pyspark.sql import functions as F
 
 from .catalog import Relation
 from .changelog import after_images, before_images, consolidate, union_all
-from .planner import GROUP_KEY, GROUP_OF_ROW, JOIN_KEY, MvPlan
-from .relation_store import Appended, RelationStore
+from .planner import (
+    GROUP_KEY,
+    GROUP_OF_ROW,
+    GROUP_ROWS,
+    JOIN_KEY,
+    AggSpec,
+    MvPlan,
+    running_count_column,
+)
+from .relation_store import BEFORE_OPS, LIVE_OPS, Appended, RelationStore
+from .schema import OP, vnode_expr
 
 __all__ = ["Change", "change_of", "DataflowResult", "Emit", "MvDataflow"]
 
@@ -66,12 +75,31 @@ class DataflowResult:
     tag: int | None = None
 
 
+#: a row's weight in a signed change (+1 arrives, -1 leaves): the join's bilinear rule
+WEIGHT = "_sf_w"
+
+
 def _filter_project(df: DataFrame, where: str | None,
-                    rows: Sequence[tuple[str, str]]) -> DataFrame:
-    """``SELECT sql AS name, ... FROM df [WHERE where]`` from a plan's strings."""
+                    rows: Sequence[tuple[str, str]], keep: Sequence[str] = ()) -> DataFrame:
+    """``SELECT sql AS name, ..., keep FROM df [WHERE where]`` from a plan's strings."""
     if where:
         df = df.where(F.expr(where))
-    return df.select(*[F.expr(sql).alias(name) for name, sql in rows])
+    return df.select(*[F.expr(sql).alias(name) for name, sql in rows],
+                     *[F.col(c) for c in keep])
+
+
+def _signed(delta: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """A changelog's rows with their weight: +1 for after-images, -1 for before-images."""
+    weight = F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
+    return delta.select(*columns, weight.alias(WEIGHT))
+
+
+def _net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
+    """A signed change summed per distinct row: what remains with weight -1 leaves,
+    with +1 arrives (a set-keyed relation's change nets to -1, 0 or +1 per row)."""
+    net = rows.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+    return Change(net.where(F.col(WEIGHT) < 0).select(*columns),
+                  net.where(F.col(WEIGHT) > 0).select(*columns))
 
 
 def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
@@ -80,15 +108,18 @@ def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
     return F.to_json(F.struct(*[c.alias(f"k{i}") for i, c in enumerate(columns)]))
 
 
+def _normalized(name: str, types: dict[str, str]) -> SparkColumn:
+    """A group column as Spark groups it: -0.0 is 0.0."""
+    col = F.col(name)
+    if types.get(name) in ("double", "float"):
+        return F.when(col == 0, F.lit(0.0).cast(types[name])).otherwise(col)
+    return col
+
+
 def _group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
-    """A group's values as JSON: the aggregate MV's key and its state's partition."""
-    def normalized(name: str) -> SparkColumn:
-        col = F.col(name)
-        if types.get(name) in ("double", "float"):
-            # Spark groups -0.0 with 0.0: their JSON must agree too
-            return F.when(col == 0, F.lit(0.0).cast(types[name])).otherwise(col)
-        return col
-    return _json_key([normalized(g) for g in group])
+    """A group's values as JSON: the aggregate MV's key and its state's partition
+    (-0.0 and 0.0 are one group: their JSON agrees too)."""
+    return _json_key([_normalized(g, types) for g in group])
 
 
 class MvDataflow:
@@ -139,14 +170,15 @@ class MvDataflow:
 
     # --- row stage ------------------------------------------------------------------------
 
-    def project(self, plan: MvPlan, inputs: Sequence[DataFrame]) -> DataFrame:
+    def project(self, plan: MvPlan, inputs: Sequence[DataFrame],
+                keep: Sequence[str] = ()) -> DataFrame:
         if plan.join is None:
             df = inputs[0].alias(plan.leaves[0].alias)
         else:
             left = inputs[0].alias(plan.leaves[0].alias)
             right = inputs[1].alias(plan.leaves[1].alias)
             df = left.join(right, F.expr(plan.join.on), plan.join.how)
-        return _filter_project(df, plan.where, plan.rows)
+        return _filter_project(df, plan.where, plan.rows, keep)
 
     @staticmethod
     def project_branch(plan: MvPlan, branch: int, rows: DataFrame) -> DataFrame:
@@ -163,6 +195,7 @@ class MvDataflow:
         keyed: list[Change | None] = []
         touched: list[DataFrame] = []
         vnodes: set[int] = set()
+        written_of: list[Appended | None] = []
         for side, change in enumerate(changes):
             state = states[side]
             cols = [col.name for col in state.columns]
@@ -170,6 +203,7 @@ class MvDataflow:
                 self.side_rows(plan, side, change.before, state),
                 self.side_rows(plan, side, change.after, state),
                 cols, state.key, (JOIN_KEY,)), rows_hint)
+            written_of.append(written)
             if written is None:
                 keyed.append(None)
                 continue
@@ -179,6 +213,8 @@ class MvDataflow:
             vnodes.update(written.vnodes)  # a side's state is distributed by join key
         if not touched:
             return None
+        if plan.join.how == "inner":
+            return self._inner_join_change(plan, leaves, states, keyed, written_of, epoch)
         keys = union_all(touched).distinct()
         olds, news = [], []
         for side, state in enumerate(states):
@@ -194,6 +230,36 @@ class MvDataflow:
             olds.append(old.select(*leaf_cols))
             news.append(new.select(*leaf_cols))
         return Change(self.project(plan, olds), self.project(plan, news))
+
+    def _inner_join_change(self, plan: MvPlan, leaves: Sequence[Relation],
+                           states: Sequence[Relation], keyed: Sequence[Change | None],
+                           written: Sequence[Appended | None], epoch: int) -> Change:
+        """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
+        each side's Δ looks up only the other side's rows of the join keys it
+        touched (``B`` before this epoch's change, ``A`` after it), and the signed
+        terms net per row. No side's unchanged rows of a touched key are read."""
+        terms = []
+        for side in (0, 1):
+            mine = written[side]
+            if mine is None:
+                continue
+            other = 1 - side
+            state = states[other]
+            state_cols = [c.name for c in state.columns]
+            keys = mine.delta.select(JOIN_KEY).distinct()
+            rows = (self.store.snapshot(state.stored, epoch - 1, vnodes=mine.vnodes)
+                    .join(F.broadcast(keys), JOIN_KEY, "left_semi").select(*state_cols))
+            self.store.spark_jobs += 1  # the broadcast of the keys
+            change = keyed[other]
+            if other == 0 and change is not None:  # A(e): A(e-1) with ΔA applied
+                rows = rows.join(change.before.select(*state.key).unionByName(
+                    change.after.select(*state.key)), list(state.key), "left_anti") \
+                    .unionByName(change.after.select(*state_cols))
+            inputs = [_signed(mine.delta, [c.name for c in leaves[side].columns]), rows]
+            if side == 1:
+                inputs.reverse()
+            terms.append(self.project(plan, inputs, keep=[WEIGHT]))
+        return _net_change(union_all(terms), [name for name, _ in plan.rows])
 
     @staticmethod
     def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> DataFrame:
@@ -235,6 +301,8 @@ class MvDataflow:
             return consolidate(old, self.evaluate(mv, plan, new_input), names, mv.key)
         if written is None or delta is None:
             return None
+        if spec.running is not None:
+            return self._aggregate_running(mv, spec, agg_state, written, epoch)
         groups = delta.select(GROUP_OF_ROW).distinct()
         # the state is distributed by group: the Δ's vnodes are the touched groups'
         old_input = (self.store.snapshot(agg_state.stored, epoch - 1, vnodes=written.vnodes)
@@ -250,16 +318,129 @@ class MvDataflow:
         return rows.join(delta.select(*state.key), list(state.key), "left_anti") \
             .unionByName(after_images(delta).select(*cols))
 
-    def evaluate(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
-        """The aggregate's output rows over its input ``rows``: the MV's columns."""
-        assert plan.agg is not None
-        spec = plan.agg
-        aggs = [F.expr(sql).alias(name) for name, sql in spec.aggs] or \
-            [F.count(F.lit(1)).alias("_sf_n")]
-        grouped = rows.groupBy(*spec.group).agg(*aggs)
+    def _aggregate_running(self, mv: Relation, spec: AggSpec, agg_state: Relation,
+                           written: Appended, epoch: int) -> DataFrame:
+        """A grouped aggregate kept as running values per group (hidden columns of
+        the MV): each touched group's new values are its old ones (a lookup of the
+        MV's rows by group) updated by the signed input Δ — counts and exact sums
+        add, a min/max takes the arriving extreme. Only a group whose Δ retracts
+        its min/max without replacing it reads its input rows (from the state)."""
+        assert spec.running is not None
+        delta = written.delta
+        names = [c.name for c in mv.columns]
+        types = {c.name: c.type for c in mv.columns}
+        row_types = {c.name: c.type for c in agg_state.columns}
+        weight = F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
+        parts = [F.sum(weight).alias("_sf_d")]
+        for name, kind, arg in spec.running:
+            x = F.col(arg) if arg else F.lit(1)  # count(*) counts every row
+            if kind == "count":
+                parts.append(F.sum(F.when(x.isNotNull(), weight)).alias(f"{name}_d"))
+            elif kind == "count_if":
+                parts.append(F.sum(F.when(x, weight)).alias(f"{name}_d"))
+            elif kind == "sum":
+                parts += [F.sum(weight * x).alias(f"{name}_d"),
+                          F.sum(F.when(x.isNotNull(), weight)).alias(f"{name}_dn")]
+            else:
+                extreme = F.max if kind == "max" else F.min
+                parts += [extreme(F.when(weight > 0, x)).alias(f"{name}_in"),
+                          extreme(F.when(weight < 0, x)).alias(f"{name}_out")]
+        partial = delta.groupBy(GROUP_OF_ROW).agg(
+            *[F.first(_normalized(g, row_types)).alias(g) for g in spec.group], *parts)
+        # the old values: the MV's rows of the touched groups (distributed by group)
+        hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
+        old = (self.store.snapshot(mv.stored, epoch - 1, vnodes=written.vnodes)
+               .join(F.broadcast(delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()),
+                     GROUP_KEY, "left_semi"))
+        self.store.spark_jobs += 1  # the broadcast of the groups
+        joined = partial.join(
+            old.select(F.col(GROUP_KEY).alias(GROUP_OF_ROW),
+                       *[F.col(c.name).alias(f"_sf_old{c.name}") for c in hidden]),
+            GROUP_OF_ROW, "left")
+
+        def was(column: str) -> SparkColumn:
+            return F.col(f"_sf_old{column}")
+
+        new: list[SparkColumn] = [(F.coalesce(was(GROUP_ROWS), F.lit(0)) + F.col("_sf_d"))
+                                  .alias(GROUP_ROWS)]
+        retracted: list[SparkColumn] = []
+        for name, kind, _ in spec.running:
+            if kind in ("count", "count_if"):
+                value = F.coalesce(was(name), F.lit(0)) + F.coalesce(F.col(f"{name}_d"), F.lit(0))
+            elif kind == "sum":
+                non_null = running_count_column(name)
+                n = F.coalesce(was(non_null), F.lit(0)) + F.coalesce(F.col(f"{name}_dn"), F.lit(0))
+                new.append(n.alias(non_null))
+                value = F.when(n == 0, F.lit(None)).otherwise(
+                    F.coalesce(was(name), F.lit(0)) + F.coalesce(F.col(f"{name}_d"), F.lit(0)))
+            else:
+                arriving, leaving = F.col(f"{name}_in"), F.col(f"{name}_out")
+                beats = (arriving >= was(name)) if kind == "max" else (arriving <= was(name))
+                lost = (leaving >= was(name)) if kind == "max" else (leaving <= was(name))
+                retracted.append(F.coalesce(lost, F.lit(False))
+                                 & ~F.coalesce(beats, F.lit(False)))
+                value = (F.greatest if kind == "max" else F.least)(was(name), arriving)
+            new.append(value.cast(types[name]).alias(name))
+        recompute = F.lit(False)
+        for flag in retracted:
+            recompute = recompute | flag
+        updated = joined.select(GROUP_OF_ROW, *spec.group, *new,
+                                recompute.alias("_sf_recompute"))
+        value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
+                      *[c.name for c in hidden if c.name != GROUP_ROWS]]
+        new_values = updated
+        if retracted and any(op in written.counts for op in BEFORE_OPS):
+            # the groups that lost their extreme (and still have rows): a small collect,
+            # only when rows left (an insert-only Δ retracts nothing)
+            lost_groups = [(str(r[0]), int(r[1])) for r in updated.where(
+                F.col("_sf_recompute") & (F.col(GROUP_ROWS) > 0)).select(
+                GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW])).collect()]
+            self.store.spark_jobs += 1
+            if lost_groups:
+                groups = [g for g, _ in lost_groups]
+                cols = [c.name for c in agg_state.columns]
+                old_input = (self.store.snapshot(agg_state.stored, epoch - 1,
+                                                 vnodes=sorted({v for _, v in lost_groups}))
+                             .where(F.col(GROUP_OF_ROW).isin(*groups)).select(*cols))
+                new_input = self._apply(
+                    old_input, delta.where(F.col(GROUP_OF_ROW).isin(*groups)), agg_state)
+                recomputed = self._group_values(spec, new_input).withColumn(
+                    GROUP_OF_ROW, _group_json(spec.group, row_types))
+                new_values = updated.where(~F.col("_sf_recompute")).select(*value_cols) \
+                    .unionByName(recomputed.select(
+                        *[F.col(c).cast(types[c]) if c in types else F.col(c)
+                          for c in value_cols]))
+        new_values = new_values.select(*value_cols).where(F.col(GROUP_ROWS) > 0)
+        return consolidate(old.select(*names),
+                           self._outputs(mv, spec, new_values, row_types), names, mv.key)
+
+    @staticmethod
+    def _group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
+        """Per group of ``rows``: the group columns, each aggregate's value and, for a
+        running aggregate, the group's rows and each sum's non-null count."""
+        aggs = [F.expr(sql).alias(name) for name, sql in spec.aggs]
+        if spec.running is not None:
+            aggs.append(F.count(F.lit(1)).alias(GROUP_ROWS))
+            aggs += [F.count(F.col(arg)).alias(running_count_column(name))
+                     for name, kind, arg in spec.running if kind == "sum"]
+        return rows.groupBy(*spec.group).agg(*(aggs or [F.count(F.lit(1)).alias("_sf_n")]))
+
+    @staticmethod
+    def _outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
+                 group_types: dict[str, str]) -> DataFrame:
+        """The MV's rows (visible outputs, group key, hidden running values) from
+        per-group values."""
         if spec.having:
             grouped = grouped.where(F.expr(spec.having))
         types = {c.name: c.type for c in mv.columns}
         out = [F.expr(sql).cast(types[name]).alias(name) for name, sql in spec.outputs]
-        key = _group_json(spec.group, dict(rows.dtypes)).alias(GROUP_KEY)
-        return grouped.select(*out, key)
+        key = _group_json(spec.group, group_types).alias(GROUP_KEY)
+        hidden = [F.col(c.name).cast(c.type).alias(c.name) for c in mv.columns
+                  if c.hidden and c.name != GROUP_KEY]
+        return grouped.select(*out, key, *hidden)
+
+    def evaluate(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
+        """The aggregate's output rows over its input ``rows``: the MV's columns."""
+        assert plan.agg is not None
+        return self._outputs(mv, plan.agg, self._group_values(plan.agg, rows),
+                             dict(rows.dtypes))

@@ -25,7 +25,17 @@ from typing import Any
 
 import sqlglot
 from pyspark.sql import SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StructType,
+)
 from sqlglot import exp
 
 from .errors import SqlError, UnknownRelation, UnsupportedQuery
@@ -35,7 +45,7 @@ __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
     "plan_materialized_view", "check_supported", "leaf_tables", "explain_plan",
     "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH", "BRANCH_ROW",
-    "Branch", "union_branches",
+    "Branch", "union_branches", "GROUP_ROWS", "RUNNING_KINDS", "running_count_column",
 ]
 
 NONDETERMINISTIC = {
@@ -95,6 +105,23 @@ class AggSpec:
     aggs: tuple[tuple[str, str], ...]  # (column, Spark SQL aggregate over row columns)
     having: str | None  # over group and aggregate columns
     outputs: tuple[tuple[str, str], ...]  # (MV column, Spark SQL over group/agg columns)
+    #: running aggregates, kept per group in hidden columns of the MV: (agg column,
+    #: kind, argument column) for each aggregate; None: the aggregate recomputes its
+    #: touched groups from its input rows instead (HAVING, a global aggregate, or an
+    #: aggregate that is not a count, an exact sum, min or max)
+    running: tuple[tuple[str, str, str], ...] | None = None
+
+
+#: hidden MV column of a running aggregate: the rows of the group
+GROUP_ROWS = "_sf_rows"
+#: the kinds of running aggregate: their per-group value updates from a Δ alone
+#: (min/max: unless the Δ retracts the extreme, then the group is recomputed)
+RUNNING_KINDS = ("count", "count_if", "sum", "max", "min")
+
+
+def running_count_column(agg_column: str) -> str:
+    """Hidden MV column of a running ``sum``: the non-null values it adds up."""
+    return f"{agg_column}_n"
 
 
 @dataclass(frozen=True)
@@ -153,7 +180,9 @@ class MvPlan:
             "row_key": list(self.row_key),
             "agg": None if self.agg is None else {
                 "group": list(self.agg.group), "aggs": [list(a) for a in self.agg.aggs],
-                "having": self.agg.having, "outputs": [list(o) for o in self.agg.outputs]},
+                "having": self.agg.having, "outputs": [list(o) for o in self.agg.outputs],
+                "running": None if self.agg.running is None else [
+                    list(r) for r in self.agg.running]},
             "states": list(self.states),
             "branches": [{"where": b.where, "rows": [list(r) for r in b.rows]}
                          for b in self.branches],
@@ -172,7 +201,9 @@ class MvPlan:
             row_key=tuple(d["row_key"]),
             agg=None if a is None else AggSpec(
                 tuple(a["group"]), tuple((x, y) for x, y in a["aggs"]), a["having"],
-                tuple((x, y) for x, y in a["outputs"])),
+                tuple((x, y) for x, y in a["outputs"]),
+                None if a.get("running") is None else tuple(
+                    (x, y, z) for x, y, z in a["running"])),
             states=tuple(d.get("states", ())),
             branches=tuple(Branch(b["where"], tuple((x, y) for x, y in b["rows"]))
                            for b in d.get("branches", ())),
@@ -628,11 +659,66 @@ def plan_materialized_view(
                       *[Column(c.name, c.type, True, hidden=True) for c in row_columns],
                       *key_cols)
     states.append(StateDef("agg", agg_state_cols, (GROUP_OF_ROW, *row_key), (GROUP_OF_ROW,)))
+    running = (_running_aggs(row_schema, aggs)
+               if having_sql is None and group_cols else None)
     columns = [*visible, Column(GROUP_KEY, "string", False, hidden=True)]
+    if running is not None:
+        columns += _running_columns(spark, row_schema, group_cols, aggs, running)
     plan = MvPlan(tuple(Leaf(a, info.name) for a, info in scope.leaves), join, where_sql,
                   tuple(rows), row_key,
-                  AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs)))
+                  AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs), running))
     return PlannedMv(plan, columns, [GROUP_KEY], states)
+
+
+def _running_aggs(row_schema: StructType, aggs: Sequence[tuple[str, str]],
+                  ) -> tuple[tuple[str, str, str], ...] | None:
+    """Each aggregate as a running one, ``(column, kind, argument column)``; None when
+    one of them cannot run (``count(DISTINCT)``, a sum of floating point values, whose
+    result depends on the order of addition, ``avg``, ``stddev``, ...)."""
+    types = {f.name: f.dataType for f in row_schema.fields}
+    out = []
+    for name, sql in aggs:
+        node = sqlglot.parse_one(sql, read="spark")
+        arg = node.this
+        if node.args.get("expressions") or isinstance(arg, exp.Distinct):
+            return None
+        arg_col = arg.name if isinstance(arg, exp.Column) else None
+        if isinstance(node, exp.Count) and (isinstance(arg, exp.Star) or (
+                isinstance(arg, exp.Literal) and not arg.is_string)):
+            out.append((name, "count", ""))
+        elif arg_col is None or arg_col not in types:
+            return None
+        elif isinstance(node, exp.Count):
+            out.append((name, "count", arg_col))
+        elif isinstance(node, exp.CountIf):
+            out.append((name, "count_if", arg_col))
+        elif isinstance(node, exp.Sum) and isinstance(
+                types[arg_col], ByteType | ShortType | IntegerType | LongType | DecimalType):
+            out.append((name, "sum", arg_col))
+        elif isinstance(node, exp.Max | exp.Min) and not isinstance(
+                types[arg_col], MapType | ArrayType | StructType):
+            out.append((name, "max" if isinstance(node, exp.Max) else "min", arg_col))
+        else:
+            return None
+    return tuple(out)
+
+
+def _running_columns(spark: SparkSession, row_schema: StructType, group: Sequence[str],
+                     aggs: Sequence[tuple[str, str]],
+                     running: Sequence[tuple[str, str, str]]) -> list[Column]:
+    """The hidden MV columns that keep running aggregates: the group's rows, each
+    aggregate's value (typed as Spark types it) and each sum's non-null count."""
+    types: dict[str, str] = {}
+    if aggs:  # SELECT DISTINCT has none: its groups' rows are all it keeps
+        probe = spark.createDataFrame([], row_schema).groupBy(*group).agg(
+            *[F.expr(sql).alias(name) for name, sql in aggs]).schema
+        types = {f.name: f.dataType.simpleString() for f in probe.fields}
+    cols = [Column(GROUP_ROWS, "bigint", False, hidden=True)]
+    for name, kind, _ in running:
+        cols.append(_column_of(name, types[name], True, hidden=True))
+        if kind == "sum":
+            cols.append(Column(running_count_column(name), "bigint", False, hidden=True))
+    return cols
 
 
 def _plan_union(spark: SparkSession, query: exp.Union,
@@ -730,9 +816,10 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
     depth = 1
     if plan.agg is not None:
         aggs = ", ".join(sql for _, sql in plan.agg.aggs) or "-"
+        running = "  running values in the MV" if plan.agg.running is not None else ""
         lines.append("  " * depth + f"HashAggregate  group=({', '.join(plan.agg.group)}) "
                      f"aggs=({aggs})" + (f" having={plan.agg.having}" if plan.agg.having
-                                         else "") + f"  state={agg_state}")
+                                         else "") + f"  state={agg_state}{running}")
         depth += 1
     lines.append("  " * depth + f"Project  ({', '.join(n for n, _ in plan.rows)})  "
                  f"key=({', '.join(plan.row_key)})")
