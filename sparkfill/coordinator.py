@@ -52,6 +52,8 @@ __all__ = ["EpochCoordinator", "STALL_EPOCHS"]
 
 #: a job that made no progress for this many epochs while not paused is stalled
 STALL_EPOCHS = 5
+#: the adaptive chunk never falls below what finishes a job in about this many epochs
+MAX_BACKFILL_EPOCHS = 100
 
 
 @dataclass
@@ -117,6 +119,9 @@ class EpochCoordinator:
         self._samples: dict[int, deque[_RateSample]] = defaultdict(lambda: deque(maxlen=12))
         #: rows each relation read from storage in the last epoch
         self.last_rows_read: dict[str, int] = {}
+        #: seconds of an epoch without backfill work (a moving average): the part of
+        #: an epoch that is not a backfill's own doing
+        self.base_seconds: float | None = None
 
     # --- planning -------------------------------------------------------------------------
 
@@ -142,16 +147,26 @@ class EpochCoordinator:
         return int(self._budget.get(mv.id, mv.options.chunk_rows))
 
     def _adapt_budget(self, mv: Relation, epoch_seconds: float) -> None:
-        """The RFC's "final way": grow or shrink the chunk so that epoch time stays
-        near the target, within [chunk/4, chunk*20], so a job never slows to a crawl."""
+        """The RFC's "final way", budgeted from the backfill's own share of the epoch:
+        grow or shrink the chunk so that what the backfill adds to an epoch (its
+        time above ``base_seconds``) stays near what the target leaves it (the
+        target less the base, at least half the target). Epochs that are slow for
+        other reasons do not shrink it, and it never falls below the chunk that
+        finishes the job in ``MAX_BACKFILL_EPOCHS`` (nor below a quarter of
+        ``backfill_chunk_rows``), so a job never slows to a crawl."""
         assert mv.options is not None
         target = mv.options.target_epoch_ms / 1000.0
         if target <= 0 or mv.options.strategy != "arrangement":
             return
-        factor = min(2.0, max(0.5, target / max(epoch_seconds, 0.05)))
+        base_seconds = self.base_seconds or 0.0
+        own = max(0.05, epoch_seconds - base_seconds)
+        allowed = max(target - base_seconds, target / 2)
+        factor = min(2.0, max(0.5, allowed / own))
         base = mv.options.chunk_rows
-        self._budget[mv.id] = min(base * 20.0, max(max(1.0, base / 4),
-                                                   self._budget_of(mv) * factor))
+        total = sum(leaf.row_count for leaf in self.catalog.leaves_of(mv))
+        floor = max(1.0, base / 4, total / MAX_BACKFILL_EPOCHS)
+        self._budget[mv.id] = min(max(base * 20.0, floor),
+                                  max(floor, self._budget_of(mv) * factor))
 
     def _liveness_rows(self, mv: Relation) -> int:
         """Extra snapshot rows so a job outpaces the upstream's inserts into the range
@@ -186,7 +201,8 @@ class EpochCoordinator:
             return 0
         last = self._token_time.get(mv.id)
         tokens = self._tokens.get(mv.id, 0.0)
-        tokens = min(float(budget),
+        # at most about one second of the rate per chunk: smooth, never a burst
+        tokens = min(float(min(budget, opts.rate_limit)),
                      tokens + (opts.rate_limit if last is None else opts.rate_limit * (now - last)))
         self._token_time[mv.id] = now
         limit = int(tokens)
@@ -291,6 +307,9 @@ class EpochCoordinator:
         self.stager.remove_applied([b.path for b in batches])
         self.last_rows_read = dict(self.store.rows_read)
         self.catalog.reload()
+        if not any(chunk_rows.values()):  # no backfill work: the epoch's base cost
+            self.base_seconds = (finished - started if self.base_seconds is None
+                                 else 0.7 * self.base_seconds + 0.3 * (finished - started))
         for mv_id in chunk_rows:
             mv = self.catalog.get_by_id(mv_id)
             self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))

@@ -92,7 +92,11 @@ class SnapshotJobs:
             estimates = [self.store.estimate_rows_by_vnode(leaf.stored, s, leaf.row_count)
                          for leaf in leaves]
             tmp = plan_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(chunk_plan(estimates, mv.options.chunk_rows)))
+            # with a rate limit, chunks of about one second of it: paced, not bursts
+            rows = mv.options.chunk_rows
+            if mv.options.rate_limit:
+                rows = max(1, min(rows, mv.options.rate_limit))
+            tmp.write_text(json.dumps(chunk_plan(estimates, rows)))
             tmp.replace(plan_path)
         control = JobControl(rate_limit=mv.options.rate_limit)
         parallelism = mv.options.parallelism or default_parallelism_of(self.spark)

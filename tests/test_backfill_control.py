@@ -1,0 +1,128 @@
+"""The backfill controller: the adaptive chunk is budgeted from the backfill's own
+share of the epoch (epochs slow for other reasons do not starve it), it has a
+floor that finishes any job in a bounded number of epochs, and a rate limit is
+honoured smoothly (no chunk above about one second of the rate) by the epoch
+strategies and by the snapshot strategy's phase 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+from helpers import check_mv, mv_sql
+
+from sparkfill import Engine, coordinator
+
+KV = "CREATE TABLE kv (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))"
+TEMPLATE = "SELECT id, g, v * 2 AS w FROM {src} WHERE v % 3 <> 0"
+
+
+def _load(engine: Engine, rows: int) -> None:
+    engine.sql(KV)
+    engine.insert("kv", [{"id": i, "g": i % 7, "v": i * 31 % 1000} for i in range(rows)])
+    engine.step()
+
+
+def _slow_epochs(engine: Engine, monkeypatch, seconds: float) -> None:
+    """Every epoch spends ``seconds`` reading its inputs: slow for reasons that are
+    not a backfill's own."""
+    staged = engine.meta.staged
+
+    def slow(*args, **kwargs):
+        if args or kwargs:  # the epoch's own read of its pinned DML (not planning)
+            time.sleep(seconds)
+        return staged(*args, **kwargs)
+    monkeypatch.setattr(engine.meta, "staged", slow)
+
+
+def test_slow_epochs_do_not_shrink_the_chunk(engine, spark, monkeypatch):
+    _load(engine, 6000)
+    _slow_epochs(engine, monkeypatch, 0.8)
+    for i in range(3):  # epochs without backfill: the base cost the controller learns
+        engine.insert("kv", [{"id": 10_000 + i, "g": 1, "v": 5}])
+        engine.step()
+    assert engine.coordinator.base_seconds is not None
+    assert engine.coordinator.base_seconds >= 0.8
+    # the target is far below the slow epochs: budgeting from the whole epoch time
+    # would halve the chunk every epoch down to its floor (~60 epochs here)
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
+               "backfill_chunk_rows = 400, backfill_parallelism = 1, "
+               "backfill_target_epoch_ms = 300) AS " + mv_sql(TEMPLATE, "kv"))
+    chunks = []
+    for i in range(40):
+        engine.insert("kv", [{"id": 20_000 + i, "g": 2, "v": 7}])
+        report = engine.step()
+        chunks.append(report.backfill_rows.get("m", 0))
+        if engine.progress("m").state == "created":
+            break
+    assert engine.progress("m").state == "created", chunks
+    assert len(chunks) <= 20, chunks
+    assert statistics.median(chunks) >= 400, chunks
+    check_mv(engine, spark, "m", TEMPLATE, "kv", engine.committed_epoch)
+
+
+def test_floor_finishes_any_job_in_bounded_epochs(engine, spark, monkeypatch):
+    bound = 10  # the floor finishes a job in about this many epochs
+    monkeypatch.setattr(coordinator, "MAX_BACKFILL_EPOCHS", bound)
+    _load(engine, 5000)
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
+               "backfill_chunk_rows = 4, backfill_target_epoch_ms = 1) AS "
+               + mv_sql(TEMPLATE, "kv"))
+    coord = engine.coordinator
+    mv = engine.catalog.get("m")
+    for _ in range(30):  # every epoch far above the target, all of it the backfill's
+        coord._adapt_budget(mv, 60.0)
+    assert coord._budget_of(mv) >= 5000 / bound
+    epochs = 0
+    while engine.progress("m").state != "created":
+        engine.step()
+        coord._adapt_budget(mv, 60.0)
+        epochs += 1
+        # whole vnodes per chunk and estimated row counts: some slack over the bound
+        assert epochs <= 2 * bound, epochs
+    check_mv(engine, spark, "m", TEMPLATE, "kv", engine.committed_epoch)
+
+
+def test_rate_limit_is_smooth_for_epoch_strategies(engine, spark, monkeypatch):
+    _load(engine, 3000)
+    rate = 300
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'no_shuffle', "
+               f"backfill_chunk_rows = 100000, backfill_rate_limit = {rate}) AS "
+               + mv_sql(TEMPLATE, "kv"))
+    _slow_epochs(engine, monkeypatch, 1.5)  # more than a second between chunks
+    chunks = []
+    for _ in range(4):
+        chunks.append(engine.step().backfill_rows.get("m", 0))
+    # never more than about one second of the rate in one chunk, however long
+    # the epochs take; and the job keeps moving
+    assert max(chunks) <= rate, chunks
+    assert sum(chunks) > 0, chunks
+
+
+def test_rate_limit_is_smooth_for_snapshot_phase_1(engine, spark, warehouse):
+    _load(engine, 4000)
+    rate = 500
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'snapshot', "
+               f"backfill_rate_limit = {rate}) AS " + mv_sql(TEMPLATE, "kv"))
+    jobs = os.path.join(warehouse, "relations", "_jobs")
+    deadline = time.monotonic() + 120
+    plan = None
+    while plan is None and time.monotonic() < deadline:
+        for job in os.listdir(jobs) if os.path.isdir(jobs) else []:
+            path = os.path.join(jobs, job, "plan.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    plan = json.load(f)
+        if plan is None:
+            engine.step()
+    assert plan is not None, "the snapshot job wrote no plan"
+    # chunks of about one second of the rate (a chunk is whole vnodes: ~16 rows each
+    # here), where the default chunk would read the whole table at once
+    assert len(plan) >= 4000 // rate - 1, plan
+    assert max(c["estimate"] for c in plan) <= rate * 1.2, plan
+    while engine.progress("m").state != "created":
+        engine.step()
+        assert time.monotonic() < deadline + 120
+    check_mv(engine, spark, "m", TEMPLATE, "kv", engine.committed_epoch)
