@@ -38,18 +38,20 @@ def _slow_epochs(engine: Engine, monkeypatch, seconds: float) -> None:
 
 
 def test_slow_epochs_do_not_shrink_the_chunk(engine, spark, monkeypatch):
-    _load(engine, 6000)
-    _slow_epochs(engine, monkeypatch, 0.8)
-    for i in range(3):  # epochs without backfill: the base cost the controller learns
+    _load(engine, 3000)
+    _slow_epochs(engine, monkeypatch, 3.0)
+    for i in range(2):  # epochs without backfill: the base cost the controller learns
         engine.insert("kv", [{"id": 10_000 + i, "g": 1, "v": 5}])
         engine.step()
     assert engine.coordinator.base_seconds is not None
-    assert engine.coordinator.base_seconds >= 0.8
-    # the target is far below the slow epochs: budgeting from the whole epoch time
-    # would halve the chunk every epoch down to its floor (~60 epochs here)
+    assert engine.coordinator.base_seconds >= 3.0
+    # every epoch takes longer than the target for reasons of its own: budgeting from
+    # the whole epoch time would halve the chunk every epoch down to its floor (100
+    # rows, ~30 epochs here); the backfill's own share (reading 400-800 rows) stays
+    # well below the second the target leaves it
     engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
                "backfill_chunk_rows = 400, backfill_parallelism = 1, "
-               "backfill_target_epoch_ms = 300) AS " + mv_sql(TEMPLATE, "kv"))
+               "backfill_target_epoch_ms = 2000) AS " + mv_sql(TEMPLATE, "kv"))
     chunks = []
     for i in range(40):
         engine.insert("kv", [{"id": 20_000 + i, "g": 2, "v": 7}])
@@ -58,7 +60,7 @@ def test_slow_epochs_do_not_shrink_the_chunk(engine, spark, monkeypatch):
         if engine.progress("m").state == "created":
             break
     assert engine.progress("m").state == "created", chunks
-    assert len(chunks) <= 20, chunks
+    assert len(chunks) <= 15, chunks
     assert statistics.median(chunks) >= 400, chunks
     check_mv(engine, spark, "m", TEMPLATE, "kv", engine.committed_epoch)
 
