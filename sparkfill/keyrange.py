@@ -88,13 +88,18 @@ def _key_literal(key: tuple[Any, ...], key_columns: Sequence[Column]) -> SparkCo
 def covered(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
             key_columns: Sequence[Column]) -> SparkColumn:
     """Rows whose vnode is in ``done``, or at or below their vnode's position."""
-    cond: SparkColumn = F.col(VNODE).isin(*done) if done else F.lit(False)
+    cond: SparkColumn = vnode_in(done) if done else F.lit(False)
     if positions:
         bounds = F.create_map(*[x for v, key in sorted(positions.items())
                                 for x in (F.lit(v), _key_literal(key, key_columns))])
         below = key_struct(key_columns) <= F.element_at(bounds, F.col(VNODE))
-        cond = cond | (F.col(VNODE).isin(*positions) & below)
+        cond = cond | (vnode_in(list(positions)) & below)
     return cond
+
+
+def vnode_in(vnodes: Sequence[int]) -> SparkColumn:
+    """``_vnode IN (...)`` as one SQL expression (not one driver round trip per value)."""
+    return F.expr(f"{VNODE} IN ({', '.join(str(int(v)) for v in vnodes)})")
 
 
 def le(pos: Position | None, key_columns: Sequence[Column]) -> SparkColumn:

@@ -40,7 +40,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .keyrange import Position, gt
+from .keyrange import Position, gt, vnode_in
 from .meta_store import MetaStore
 from .schema import (
     EPOCH,
@@ -252,7 +252,7 @@ class RelationStore:
             wanted = sorted(set(vnodes))
             selected = [f for f in selected
                         if any(f.vnode_min <= v <= f.vnode_max for v in wanted)]
-            cond = cond & F.col(VNODE).isin(*wanted)
+            cond = cond & (vnode_in(wanted) if wanted else F.lit(False))
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
@@ -458,8 +458,8 @@ def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
 
 def _delta_metrics() -> list[Any]:
     """Rows per ``_op`` and the distinct vnodes of a changelog, as aggregate columns."""
-    return [*[F.sum((F.col(OP) == op).cast("long")).alias(f"op{i}") for i, op in enumerate(OPS)],
-            F.collect_set(F.col(VNODE)).alias("vnodes")]
+    return [*[F.expr(f"sum(CAST({OP} = '{op}' AS BIGINT)) AS op{i}") for i, op in enumerate(OPS)],
+            F.expr(f"collect_set({VNODE}) AS vnodes")]
 
 
 def _observed(values: dict[str, Any]) -> tuple[dict[str, int], tuple[int, ...]]:
