@@ -192,48 +192,38 @@ class MvDataflow:
         """The join's rows before and after this epoch, for the join keys it touched;
         each side's state table takes that side's change."""
         assert plan.join is not None
-        keyed: list[Change | None] = []
-        touched: list[DataFrame] = []
-        vnodes: set[int] = set()
-        written_of: list[Appended | None] = []
+        written: list[Appended | None] = []
         for side, change in enumerate(changes):
             state = states[side]
             cols = [col.name for col in state.columns]
-            written = None if change is None else emit(state, consolidate(
+            written.append(None if change is None else emit(state, consolidate(
                 self.side_rows(plan, side, change.before, state),
                 self.side_rows(plan, side, change.after, state),
-                cols, state.key, (JOIN_KEY,)), rows_hint)
-            written_of.append(written)
-            if written is None:
-                keyed.append(None)
-                continue
-            keyed.append(Change(before_images(written.delta).select(*cols),
-                                after_images(written.delta).select(*cols)))
-            touched.append(written.delta.select(JOIN_KEY))
-            vnodes.update(written.vnodes)  # a side's state is distributed by join key
-        if not touched:
+                cols, state.key, (JOIN_KEY,)), rows_hint))
+        moved = [w for w in written if w is not None]
+        if not moved:
             return None
         if plan.join.how == "inner":
-            return self._inner_join_change(plan, leaves, states, keyed, written_of, epoch)
-        keys = union_all(touched).distinct()
+            return self._inner_join_change(plan, leaves, states, written, epoch)
+        keys = union_all([w.delta.select(JOIN_KEY) for w in moved]).distinct()
+        # each side's state is distributed by join key: the Δs' vnodes are the keys'
+        vnodes = sorted({v for w in moved for v in w.vnodes})
         olds, news = [], []
         for side, state in enumerate(states):
             leaf_cols = [c.name for c in leaves[side].columns]
-            old = (self.store.snapshot(state.stored, epoch - 1, vnodes=sorted(vnodes))
-                   .join(F.broadcast(keys), JOIN_KEY, "left_semi"))
+            old = (self.store.snapshot(state.stored, epoch - 1, vnodes=vnodes)
+                   .join(F.broadcast(keys), JOIN_KEY, "left_semi")
+                   .select(*[c.name for c in state.columns]))
             self.store.spark_jobs += side == 0  # both sides share one broadcast of the keys
-            change = keyed[side]
-            new = old if change is None else old.select(*[c.name for c in state.columns]) \
-                .join(change.before.select(*state.key).unionByName(
-                    change.after.select(*state.key)), list(state.key), "left_anti") \
-                .unionByName(change.after)
+            mine = written[side]
+            new = old if mine is None else self._apply(old, mine.delta, state)
             olds.append(old.select(*leaf_cols))
             news.append(new.select(*leaf_cols))
         return Change(self.project(plan, olds), self.project(plan, news))
 
     def _inner_join_change(self, plan: MvPlan, leaves: Sequence[Relation],
-                           states: Sequence[Relation], keyed: Sequence[Change | None],
-                           written: Sequence[Appended | None], epoch: int) -> Change:
+                           states: Sequence[Relation], written: Sequence[Appended | None],
+                           epoch: int) -> Change:
         """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
         each side's Δ looks up only the other side's rows of the join keys it
         touched (``B`` before this epoch's change, ``A`` after it), and the signed
@@ -250,11 +240,9 @@ class MvDataflow:
             rows = (self.store.snapshot(state.stored, epoch - 1, vnodes=mine.vnodes)
                     .join(F.broadcast(keys), JOIN_KEY, "left_semi").select(*state_cols))
             self.store.spark_jobs += 1  # the broadcast of the keys
-            change = keyed[other]
-            if other == 0 and change is not None:  # A(e): A(e-1) with ΔA applied
-                rows = rows.join(change.before.select(*state.key).unionByName(
-                    change.after.select(*state.key)), list(state.key), "left_anti") \
-                    .unionByName(change.after.select(*state_cols))
+            theirs = written[other]
+            if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
+                rows = self._apply(rows, theirs.delta, state)
             inputs = [_signed(mine.delta, [c.name for c in leaves[side].columns]), rows]
             if side == 1:
                 inputs.reverse()
