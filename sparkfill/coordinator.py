@@ -22,6 +22,7 @@ Epoch ``e``:
 from __future__ import annotations
 
 import shutil
+import statistics
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -119,9 +120,8 @@ class EpochCoordinator:
         self._samples: dict[int, deque[_RateSample]] = defaultdict(lambda: deque(maxlen=12))
         #: rows each relation read from storage in the last epoch
         self.last_rows_read: dict[str, int] = {}
-        #: seconds of an epoch without backfill work (a moving average): the part of
-        #: an epoch that is not a backfill's own doing
-        self.base_seconds: float | None = None
+        #: seconds of the last epochs without backfill work
+        self._base_samples: deque[float] = deque(maxlen=5)
 
     # --- planning -------------------------------------------------------------------------
 
@@ -145,6 +145,12 @@ class EpochCoordinator:
     def _budget_of(self, mv: Relation) -> int:
         assert mv.options is not None
         return int(self._budget.get(mv.id, mv.options.chunk_rows))
+
+    @property
+    def base_seconds(self) -> float | None:
+        """The time of an epoch without backfill work (the median of the last five):
+        the part of an epoch that is not a backfill's own doing."""
+        return statistics.median(self._base_samples) if self._base_samples else None
 
     def _adapt_budget(self, mv: Relation, epoch_seconds: float) -> None:
         """The RFC's "final way", budgeted from the backfill's own share of the epoch:
@@ -308,8 +314,7 @@ class EpochCoordinator:
         self.last_rows_read = dict(self.store.rows_read)
         self.catalog.reload()
         if not any(chunk_rows.values()):  # no backfill work: the epoch's base cost
-            self.base_seconds = (finished - started if self.base_seconds is None
-                                 else 0.7 * self.base_seconds + 0.3 * (finished - started))
+            self._base_samples.append(finished - started)
         for mv_id in chunk_rows:
             mv = self.catalog.get_by_id(mv_id)
             self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))

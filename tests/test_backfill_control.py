@@ -40,7 +40,7 @@ def _slow_epochs(engine: Engine, monkeypatch, seconds: float) -> None:
 def test_slow_epochs_do_not_shrink_the_chunk(engine, spark, monkeypatch):
     _load(engine, 3000)
     _slow_epochs(engine, monkeypatch, 5.0)
-    for i in range(2):  # epochs without backfill: the base cost the controller learns
+    for i in range(3):  # epochs without backfill: the base cost the controller learns
         engine.insert("kv", [{"id": 10_000 + i, "g": 1, "v": 5}])
         engine.step()
     assert engine.coordinator.base_seconds is not None
