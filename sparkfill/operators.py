@@ -88,10 +88,14 @@ def _filter_project(df: DataFrame, where: str | None,
                      *[F.col(c) for c in keep])
 
 
+def _weight() -> SparkColumn:
+    """A changelog row's weight: +1 for an after-image, -1 for a before-image."""
+    return F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
+
+
 def _signed(delta: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """A changelog's rows with their weight: +1 for after-images, -1 for before-images."""
-    weight = F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
-    return delta.select(*columns, weight.alias(WEIGHT))
+    """A changelog's rows with their weight."""
+    return delta.select(*columns, _weight().alias(WEIGHT))
 
 
 def _net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
@@ -287,8 +291,9 @@ class MvDataflow:
             state = self.store.snapshot(agg_state.stored, epoch - 1).select(*cols)
             new_input = state if delta is None else self._apply(state, delta, agg_state)
             return consolidate(old, self.evaluate(mv, plan, new_input), names, mv.key)
-        if written is None or delta is None:
+        if written is None:
             return None
+        delta = written.delta
         if spec.running is not None:
             return self._aggregate_running(mv, spec, agg_state, written, epoch)
         groups = delta.select(GROUP_OF_ROW).distinct()
@@ -318,7 +323,7 @@ class MvDataflow:
         names = [c.name for c in mv.columns]
         types = {c.name: c.type for c in mv.columns}
         row_types = {c.name: c.type for c in agg_state.columns}
-        weight = F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
+        weight = _weight()
         parts = [F.sum(weight).alias("_sf_d")]
         for name, kind, arg in spec.running:
             x = F.col(arg) if arg else F.lit(1)  # count(*) counts every row

@@ -45,7 +45,7 @@ __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
     "plan_materialized_view", "check_supported", "leaf_tables", "explain_plan",
     "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH", "BRANCH_ROW",
-    "Branch", "union_branches", "GROUP_ROWS", "RUNNING_KINDS", "running_count_column",
+    "Branch", "union_branches", "GROUP_ROWS", "running_count_column",
 ]
 
 NONDETERMINISTIC = {
@@ -114,11 +114,6 @@ class AggSpec:
 
 #: hidden MV column of a running aggregate: the rows of the group
 GROUP_ROWS = "_sf_rows"
-#: the kinds of running aggregate: their per-group value updates from a Δ alone
-#: (min/max: unless the Δ retracts the extreme, then the group is recomputed)
-RUNNING_KINDS = ("count", "count_if", "sum", "max", "min")
-
-
 def running_count_column(agg_column: str) -> str:
     """Hidden MV column of a running ``sum``: the non-null values it adds up."""
     return f"{agg_column}_n"
