@@ -16,8 +16,8 @@ from pyspark.sql import functions as F
 from .relation_store import BEFORE_OPS, LIVE_OPS
 from .schema import EPOCH, OP, VNODE, vnode_expr
 
-__all__ = ["consolidate", "before_images", "after_images", "touched_keys", "span_change",
-           "union_all", "touched_vnodes"]
+__all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
+           "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes"]
 
 
 def union_all(parts: Sequence[DataFrame]) -> DataFrame:
@@ -57,23 +57,41 @@ def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
     the key; the whole key by default) and ``_op``.
     """
     key = list(key)
-    values = [c for c in columns]
-    b = before.select(*key, F.struct(*[F.col(c) for c in values]).alias("_sf_b"))
-    a = after.select(*key, F.struct(*[F.col(c) for c in values]).alias("_sf_a"))
-    joined = b.join(a, key, "full_outer").where(~F.col("_sf_b").eqNullSafe(F.col("_sf_a")))
+    b = before.select(*key, image(columns).alias(BEFORE))
+    a = after.select(*key, image(columns).alias(AFTER))
+    return changelog_of_pairs(b.join(a, key, "full_outer"), columns, dist_key or key)
+
+
+#: the before- and after-image columns (structs of a row's columns, null when absent)
+#: that ``changelog_of_pairs`` reads
+BEFORE, AFTER = "_sf_b", "_sf_a"
+
+
+def image(columns: Sequence[str]) -> F.Column:
+    """A row's columns as one struct: a before- or after-image for ``changelog_of_pairs``."""
+    return F.struct(*[F.col(c) for c in columns])
+
+
+def changelog_of_pairs(pairs: DataFrame, columns: Sequence[str],
+                       dist_key: Sequence[str]) -> DataFrame:
+    """The changelog of rows given as (before-image, after-image) pairs, at most one
+    pair per key, either image null when the row is absent on that side: ``+`` for a
+    new row, ``-`` for a gone one, ``U-``/``U+`` for a changed one, nothing for an
+    unchanged one. Output: ``columns``, ``_vnode`` (the hash of ``dist_key``), ``_op``."""
+    changed = pairs.where(~F.col(BEFORE).eqNullSafe(F.col(AFTER)))
 
     def event(op: str, image: str) -> F.Column:
         return F.struct(F.lit(op).alias("op"), F.col(image).alias("row"))
 
     events = (
-        F.when(F.col("_sf_b").isNull(), F.array(event("+", "_sf_a")))
-        .when(F.col("_sf_a").isNull(), F.array(event("-", "_sf_b")))
-        .otherwise(F.array(event("U-", "_sf_b"), event("U+", "_sf_a")))
+        F.when(F.col(BEFORE).isNull(), F.array(event("+", AFTER)))
+        .when(F.col(AFTER).isNull(), F.array(event("-", BEFORE)))
+        .otherwise(F.array(event("U-", BEFORE), event("U+", AFTER)))
     )
-    out = joined.select(F.explode(events).alias("_sf_ev"))
-    out = out.select(*[F.col(f"_sf_ev.row.{c}").alias(c) for c in values],
+    out = changed.select(F.explode(events).alias("_sf_ev"))
+    out = out.select(*[F.col(f"_sf_ev.row.{c}").alias(c) for c in columns],
                      F.col("_sf_ev.op").alias(OP))
-    return out.withColumn(VNODE, vnode_expr(list(dist_key or key))).select(*values, VNODE, OP)
+    return out.withColumn(VNODE, vnode_expr(list(dist_key))).select(*columns, VNODE, OP)
 
 
 def span_change(log_rows: DataFrame, columns: Sequence[str],

@@ -30,7 +30,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .catalog import Relation
-from .changelog import after_images, before_images, consolidate, union_all
+from .changelog import (
+    AFTER,
+    BEFORE,
+    after_images,
+    before_images,
+    changelog_of_pairs,
+    consolidate,
+    image,
+    union_all,
+)
 from .planner import (
     GROUP_KEY,
     GROUP_OF_ROW,
@@ -340,7 +349,8 @@ class MvDataflow:
                           extreme(F.when(weight < 0, x)).alias(f"{name}_out")]
         partial = delta.groupBy(GROUP_OF_ROW).agg(
             *[F.first(_normalized(g, row_types)).alias(g) for g in spec.group], *parts)
-        # the old values: the MV's rows of the touched groups (distributed by group)
+        # the old values: the MV's rows of the touched groups (distributed by group),
+        # each with its whole row as the before-image of the group's change
         hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
         old = (self.store.snapshot(mv.stored, epoch - 1, vnodes=written.vnodes)
                .join(F.broadcast(delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()),
@@ -348,7 +358,8 @@ class MvDataflow:
         self.store.spark_jobs += 1  # the broadcast of the groups
         joined = partial.join(
             old.select(F.col(GROUP_KEY).alias(GROUP_OF_ROW),
-                       *[F.col(c.name).alias(f"_sf_old{c.name}") for c in hidden]),
+                       *[F.col(c.name).alias(f"_sf_old{c.name}") for c in hidden],
+                       image(names).alias(BEFORE)),
             GROUP_OF_ROW, "left")
 
         def was(column: str) -> SparkColumn:
@@ -378,9 +389,9 @@ class MvDataflow:
         for flag in retracted:
             recompute = recompute | flag
         updated = joined.select(GROUP_OF_ROW, *spec.group, *new,
-                                recompute.alias("_sf_recompute"))
+                                recompute.alias("_sf_recompute"), BEFORE)
         value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
-                      *[c.name for c in hidden if c.name != GROUP_ROWS]]
+                      *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
         new_values = updated
         if retracted and any(op in written.counts for op in BEFORE_OPS):
             # the groups that lost their extreme (and still have rows): a small collect,
@@ -398,14 +409,23 @@ class MvDataflow:
                 new_input = self._apply(
                     old_input, delta.where(F.col(GROUP_OF_ROW).isin(*groups)), agg_state)
                 recomputed = self._group_values(spec, new_input).withColumn(
-                    GROUP_OF_ROW, _group_json(spec.group, row_types))
-                new_values = updated.where(~F.col("_sf_recompute")).select(*value_cols) \
+                    GROUP_OF_ROW, _group_json(spec.group, row_types)).join(
+                    updated.select(GROUP_OF_ROW, BEFORE), GROUP_OF_ROW)
+                new_values = updated.where(
+                    ~F.col("_sf_recompute") | (F.col(GROUP_ROWS) <= 0)).select(*value_cols) \
                     .unionByName(recomputed.select(
                         *[F.col(c).cast(types[c]) if c in types else F.col(c)
                           for c in value_cols]))
-        new_values = new_values.select(*value_cols).where(F.col(GROUP_ROWS) > 0)
-        return consolidate(old.select(*names),
-                           self._outputs(mv, spec, new_values, row_types), names, mv.key)
+        new_values = new_values.select(*value_cols)
+        # a group's change: its old row (the before-image) against its new values
+        # (none when its last row left)
+        live = self._outputs(mv, spec, new_values.where(F.col(GROUP_ROWS) > 0), row_types,
+                             carry=(BEFORE,))
+        pairs = live.select(GROUP_KEY, BEFORE, image(names).alias(AFTER)).unionByName(
+            new_values.where(F.col(GROUP_ROWS) <= 0).select(
+                F.col(GROUP_OF_ROW).alias(GROUP_KEY), BEFORE,
+                F.lit(None).cast(live.schema[BEFORE].dataType).alias(AFTER)))
+        return changelog_of_pairs(pairs, names, mv.key)
 
     @staticmethod
     def _group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
@@ -420,9 +440,9 @@ class MvDataflow:
 
     @staticmethod
     def _outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
-                 group_types: dict[str, str]) -> DataFrame:
+                 group_types: dict[str, str], carry: Sequence[str] = ()) -> DataFrame:
         """The MV's rows (visible outputs, group key, hidden running values) from
-        per-group values."""
+        per-group values, and the ``carry`` columns of ``grouped`` as they are."""
         if spec.having:
             grouped = grouped.where(F.expr(spec.having))
         types = {c.name: c.type for c in mv.columns}
@@ -430,7 +450,7 @@ class MvDataflow:
         key = _group_json(spec.group, group_types).alias(GROUP_KEY)
         hidden = [F.col(c.name).cast(c.type).alias(c.name) for c in mv.columns
                   if c.hidden and c.name != GROUP_KEY]
-        return grouped.select(*out, key, *hidden)
+        return grouped.select(*out, key, *hidden, *carry)
 
     def evaluate(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
         """The aggregate's output rows over its input ``rows``: the MV's columns."""
