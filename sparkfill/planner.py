@@ -39,6 +39,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from .errors import SqlError, UnknownRelation, UnsupportedQuery
+from .rewrite import rewrite_query
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
 __all__ = [
@@ -71,9 +72,10 @@ BRANCH = f"{HIDDEN_PREFIX}branch"
 BRANCH_ROW = f"{HIDDEN_PREFIX}branch_row"
 
 _CLAUSES = {
-    "order": "ORDER BY (an MV is an unordered set; order when you read it)",
+    # (an ORDER BY without LIMIT/OFFSET was dropped by ``rewrite_query``)
     "limit": "LIMIT (an MV keeps every row; apply LIMIT when you read it)",
     "offset": "OFFSET",
+    "order": "ORDER BY (an MV is an unordered set; order when you read it)",
     "qualify": "QUALIFY",
     "laterals": "LATERAL VIEW",
     "windows": "WINDOW",
@@ -238,7 +240,12 @@ def union_branches(query: exp.Expr) -> list[exp.Expr]:
 
 
 def check_supported(query: exp.Expr) -> exp.Query:
-    """Return the query if its shape is supported, else raise ``UnsupportedQuery``."""
+    """The query in the form the planner compiles (``rewrite_query``: the same rows)
+    if its shape is supported, else raise ``UnsupportedQuery``."""
+    return _check_shape(rewrite_query(query))
+
+
+def _check_shape(query: exp.Expr) -> exp.Query:
     if isinstance(query, exp.Union):
         if query.args.get("distinct"):
             raise UnsupportedQuery("UNION (without ALL) is not supported in an MV; use UNION "
@@ -252,7 +259,7 @@ def check_supported(query: exp.Expr) -> exp.Query:
             if isinstance(branch, exp.Union):
                 raise UnsupportedQuery("UNION (without ALL) is not supported in an MV; use "
                                        "UNION ALL")
-            select = check_supported(branch)
+            select = _check_shape(branch)
             assert isinstance(select, exp.Select)
             if select.args.get("joins") or select.args.get("group") or \
                     select.args.get("distinct") or _aggregates(select):

@@ -351,7 +351,9 @@ UNSUPPORTED = [
      ("non-equi",)),
     ("three_way_join", "SELECT a.order_id FROM orders a JOIN orders b ON a.order_id = b.order_id "
      "JOIN orders c ON a.order_id = c.order_id", ("at most two",)),
-    ("order_by", "SELECT order_id FROM orders ORDER BY amount", ("order by",)),
+    ("order_by_limit", "SELECT order_id FROM orders ORDER BY amount LIMIT 3", ("limit",)),
+    ("cross_join", "SELECT a.order_id FROM orders a, orders b WHERE a.amount < b.amount",
+     ("cross join",)),
     ("limit", "SELECT order_id FROM orders LIMIT 5", ("limit",)),
     ("distinct_agg", "SELECT DISTINCT cust, count(*) AS c FROM orders GROUP BY cust",
      ("distinct",)),

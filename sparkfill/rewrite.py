@@ -1,0 +1,103 @@
+"""Rewrites of an MV's query into the forms the planner compiles.
+
+Invariant: every rewrite keeps the query's meaning exactly — the rewritten query
+returns the same rows (as a multiset) as the original over any input — so the
+oracle may keep running the original SQL. The MV keeps the user's text; only the
+plan is built from the rewritten tree.
+
+- ``ORDER BY`` without ``LIMIT``/``OFFSET`` is dropped: an MV is a set of rows.
+- ``agg(x) FILTER (WHERE c)`` becomes ``agg(CASE WHEN c THEN x END)`` (and
+  ``count(*) FILTER (WHERE c)`` becomes ``count(CASE WHEN c THEN 1 END)``): every
+  aggregate sparkfill maintains ignores NULL inputs, so a row the filter rejects
+  counts for nothing either way.
+- A comma (cross) join whose ``WHERE`` holds equalities between its relation and
+  the relations before it becomes an inner join ``ON`` those equalities; the rest
+  of the ``WHERE`` stays.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+__all__ = ["rewrite_query"]
+
+
+def rewrite_query(query: exp.Expr) -> exp.Expr:
+    """A copy of ``query`` with the rewrites above applied (the input is unchanged)."""
+    query = query.copy()
+    _drop_order(query)
+    for select in list(query.find_all(exp.Select)):
+        _filters_to_case(select)
+        _comma_joins_to_inner(select)
+    return query
+
+
+def _drop_order(query: exp.Expr) -> None:
+    """The outermost ORDER BY orders nothing an MV keeps (without LIMIT/OFFSET)."""
+    if isinstance(query, exp.Query) and query.args.get("order") is not None \
+            and query.args.get("limit") is None and query.args.get("offset") is None:
+        query.set("order", None)
+
+
+def _filters_to_case(select: exp.Select) -> None:
+    for node in list(select.find_all(exp.Filter)):
+        agg, where = node.this, node.expression
+        if not isinstance(agg, exp.AggFunc) or not isinstance(where, exp.Where):
+            continue
+        cond = where.this
+        target = agg.this
+        if isinstance(target, exp.Distinct):
+            target.set("expressions", [_when(cond, e) for e in target.expressions])
+        elif isinstance(target, exp.Star) or target is None:
+            agg.set("this", _when(cond, exp.Literal.number(1)))
+        else:
+            agg.set("this", _when(cond, target))
+        node.replace(agg)
+
+
+def _when(cond: exp.Expr, value: exp.Expr) -> exp.Expr:
+    return exp.Case(ifs=[exp.If(this=cond.copy(), true=value.copy())])
+
+
+def _conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
+    if expr is None:
+        return []
+    return list(expr.flatten()) if isinstance(expr, exp.And) else [expr]
+
+
+def _relation_names(rel: exp.Expr) -> set[str]:
+    return {rel.alias_or_name.lower()} if isinstance(rel, exp.Table) else set()
+
+
+def _comma_joins_to_inner(select: exp.Select) -> None:
+    joins = select.args.get("joins") or []
+    from_ = select.args.get("from_") or select.args.get("from")
+    if not joins or from_ is None:
+        return
+    where = select.args.get("where")
+    remaining = _conjuncts(where.this if where is not None else None)
+    seen = _relation_names(from_.this)
+    for join in joins:
+        names = _relation_names(join.this)
+        is_comma = (join.args.get("kind") or "").upper() == "CROSS" \
+            and not join.args.get("on") and not join.args.get("using") \
+            and not join.args.get("side")
+        if is_comma and names:
+            moved = [c for c in remaining if _joins_to(c, names, seen)]
+            if moved:
+                remaining = [c for c in remaining if all(c is not m for m in moved)]
+                join.set("kind", None)
+                join.set("on", exp.and_(*[m.copy() for m in moved]))
+        seen |= names
+    if where is not None:
+        select.set("where", exp.Where(this=exp.and_(*remaining)) if remaining else None)
+
+
+def _joins_to(cond: exp.Expr, names: set[str], before: set[str]) -> bool:
+    """An equality of a column of ``names`` and a column of the relations ``before``."""
+    if not (isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column)
+            and isinstance(cond.expression, exp.Column)):
+        return False
+    sides = {cond.this.table.lower(), cond.expression.table.lower()}
+    return len(sides) == 2 and bool(sides & names) and bool(sides & before) \
+        and sides <= (names | before)
