@@ -32,14 +32,14 @@ venv: $(STAMP)
 
 # Reinstall only when pyproject.toml changes (the install is editable, so code
 # changes need no reinstall).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@if ! "$(VPY)" -m pip --version >/dev/null 2>&1; then \
 		echo "Creating $(VENV) with $(PYTHON)"; \
 		$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed;" \
 			"on Debian/Ubuntu try: apt-get install -y python3-venv" >&2; exit 1; }; \
 	fi
 	$(VPY) -m pip install --upgrade pip
-	$(VPY) -m pip install -e ".[dev]"
+	$(VPY) -m pip install -e ".[dev]" -c constraints.txt
 	@touch $@
 
 java:

@@ -4,6 +4,9 @@ The public API is this module's ``__all__``: the ``Engine``, its progress
 records, and the one error hierarchy under ``SparkfillError``.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from .engine import Engine
 from .errors import (
     CatalogError,
@@ -22,6 +25,7 @@ from .errors import (
     UnknownRelation,
     UnsupportedQuery,
     WarehouseLocked,
+    WarehouseReadOnly,
 )
 from .progress import EpochReport, JobProgress
 
@@ -42,9 +46,13 @@ __all__ = [
     "MaterializedViewNotReady",
     "EpochNotRetained",
     "WarehouseLocked",
+    "WarehouseReadOnly",
     "EngineClosed",
     "SourceError",
     "SinkError",
 ]
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version (pyproject.toml is its one source)
+    __version__ = _version("sparkfill")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
