@@ -92,7 +92,8 @@ class Catalog:
     def get(self, name: str) -> Relation:
         rel = self._by_name.get(name.lower())
         if rel is None:
-            known = ", ".join(sorted(r.name for r in self._by_name.values())) or "none"
+            known = ", ".join(sorted(r.name for r in self._by_name.values()
+                                     if r.kind != "state")) or "none"
             raise UnknownRelation(f"no table or materialized view named {name!r} (known: {known})")
         return rel
 

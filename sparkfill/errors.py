@@ -8,6 +8,8 @@ A statement or DML call that raises one of these has changed nothing.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "SparkfillError",
     "SqlError",
@@ -22,14 +24,24 @@ __all__ = [
     "MaterializedViewNotReady",
     "EpochNotRetained",
     "WarehouseLocked",
+    "WarehouseReadOnly",
     "EngineClosed",
     "SourceError",
     "SinkError",
 ]
 
 
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 class SparkfillError(Exception):
-    """Base class of every error raised by sparkfill."""
+    """Base class of every error raised by sparkfill. Its message is plain text:
+    terminal escape codes (sqlglot underlines a syntax error's token) are removed,
+    so logs and files show it as it reads."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*[_TERMINAL_CODES.sub("", a) if isinstance(a, str) else a
+                           for a in args])
 
 
 class SqlError(SparkfillError):
@@ -78,6 +90,11 @@ class EpochNotRetained(SparkfillError):
 
 class WarehouseLocked(SparkfillError):
     """Another process holds the warehouse's writer lock."""
+
+
+class WarehouseReadOnly(SparkfillError):
+    """A write through an engine opened with ``read_only=True`` (or a read-only
+    open of a folder that is not a warehouse)."""
 
 
 class EngineClosed(SparkfillError):

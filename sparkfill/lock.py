@@ -30,7 +30,8 @@ class WriterLock:
             os.close(fd)
             raise WarehouseLocked(
                 f"warehouse {self.path.parent} is open for writing by another engine "
-                f"(pid {holder}); close it first, or open the warehouse read-only") from None
+                f"(pid {holder}); close it first, or open it for reading beside its writer "
+                f"with Engine(path, read_only=True)") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd

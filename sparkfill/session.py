@@ -8,12 +8,15 @@ where the engine runs. A caller's own session is used as given.
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-__all__ = ["build_spark_session", "default_parallelism_of", "SESSION_CONF"]
+__all__ = ["build_spark_session", "default_parallelism_of", "quiet_python_loggers",
+           "SESSION_CONF", "LOGS_ENV"]
 
 #: Settings applied to every session sparkfill builds.
 SESSION_CONF: dict[str, str] = {
@@ -24,7 +27,6 @@ SESSION_CONF: dict[str, str] = {
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.scheduler.mode": "FAIR",
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # an epoch's plans reuse cached Δs many times; their full text is never needed
     "spark.sql.maxPlanStringLength": "65536",
@@ -64,11 +66,36 @@ def build_spark_session(
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(max(1, cores)))
     )
-    for key, value in {**SESSION_CONF, **(extra_conf or {})}.items():
+    for key, value in {**SESSION_CONF, **_quiet_conf(), **(extra_conf or {})}.items():
         builder = builder.config(key, str(value))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    quiet_python_loggers()
+    return builder.getOrCreate()
+
+
+#: set to 1 to keep Spark's own log output (the JVM's defaults, pyspark's loggers)
+LOGS_ENV = "SPARKFILL_SPARK_LOGS"
+
+
+def _quiet_conf() -> dict[str, str]:
+    """The driver JVM logs errors only (read at its start: no start-up warnings)."""
+    if os.environ.get(LOGS_ENV) == "1":
+        return {}
+    config = Path(__file__).with_name("log4j2-quiet.properties")
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{config}"}
+
+
+def quiet_python_loggers() -> None:
+    """pyspark's query-context loggers print every analysis error as a JSON record
+    with a Java stack trace, and py4j a traceback when Ctrl-C interrupts a call;
+    sparkfill reports those errors itself."""
+    if os.environ.get(LOGS_ENV) == "1":
+        return
+    from pyspark.logger import PySparkLogger
+
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 def default_parallelism_of(spark: SparkSession) -> int:
