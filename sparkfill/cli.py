@@ -2,7 +2,10 @@
 
 Invariant: ``status`` only reads (the meta store, opened read-only, without the
 writer lock), so it is safe beside a running engine; ``run`` and ``sql`` open
-the warehouse as its writer. Exit codes: 0 done, 1 a statement or the engine
+the warehouse as its writer. ``run`` checks the whole file (parsed, then every
+statement planned against the catalog it would build) before the first statement
+runs, and a re-run of the same file resumes after the last statement that ran.
+Exit codes: 0 done, 1 a statement, its check or the engine
 failed (the ``SparkfillError`` message is printed), 2 bad arguments (argparse's
 own, a missing file or warehouse), 130 aborted by a second Ctrl-C.
 """
@@ -11,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
+import re
+import shutil
 import sqlite3
 import sys
 import threading
@@ -106,6 +112,48 @@ def _print_frame(console: Console, df: Any, limit: int) -> None:
         console.print(f"[dim](first {limit} rows)[/dim]")
 
 
+def _print_result(console: Console, statement: str, result: Any, limit: int) -> None:
+    """A statement's result; VERIFY's says in words whether the MV is exact."""
+    if re.match(r"\s*VERIFY\b", statement, re.IGNORECASE):
+        differing = result.count()
+        if differing == 0:
+            console.print("exact (0 differing rows)")
+            return
+        console.print(f"[red]NOT exact: {differing:,} differing rows[/red] (side 'missing': "
+                      "in the batch result, not in the MV; 'extra': the other way round)")
+    _print_frame(console, result, limit)
+
+
+def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
+    """Answer a SHOW or an EXPLAIN MATERIALIZED VIEW from the meta store (read-only,
+    beside any writer) without starting Spark; False for any other statement."""
+    from .catalog import Catalog
+    from .frontend import ExplainExisting, Show, parse_statement
+    from .meta_store import MetaStore
+    from .metadata import SHOW_COLUMNS, explain_existing, show_rows
+
+    cmd = parse_statement(args.statement)
+    meta_path = args.warehouse / "meta.sqlite"
+    if not isinstance(cmd, Show | ExplainExisting) or not meta_path.is_file():
+        return False
+    meta = MetaStore(meta_path, read_only=True)
+    try:
+        if isinstance(cmd, ExplainExisting):
+            console.print(explain_existing(Catalog(meta), cmd.name), highlight=False,
+                          soft_wrap=True)
+            return True
+        rows = show_rows(cmd.what, meta, Catalog(meta))
+    finally:
+        meta.close()
+    table = Table(*[name for name, _ in SHOW_COLUMNS[cmd.what]])
+    for r in rows[:args.limit]:
+        table.add_row(*["NULL" if v is None else str(v) for v in r])
+    console.print(table)
+    if len(rows) > args.limit:
+        console.print(f"[dim](first {args.limit} rows)[/dim]")
+    return True
+
+
 def _sql(args: argparse.Namespace, console: Console, spark: Any) -> int:
     from .engine import Engine
 
@@ -113,10 +161,12 @@ def _sql(args: argparse.Namespace, console: Console, spark: Any) -> int:
         console.print(f"[red]error:[/red] warehouse {args.warehouse} is not a directory")
         return 2
     try:
+        if _show_without_spark(args, console):
+            return 0
         with Engine(args.warehouse, spark=spark) as eng:
             result = eng.sql(args.statement)
             if result is not None:
-                _print_frame(console, result, args.limit)
+                _print_result(console, args.statement, result, args.limit)
             else:
                 console.print("ok")
     except SparkfillError as exc:
@@ -126,23 +176,37 @@ def _sql(args: argparse.Namespace, console: Console, spark: Any) -> int:
 
 
 def _creating_upstreams(eng: Any, command: Any) -> list[str]:
-    """Creating MVs a CREATE MATERIALIZED VIEW reads (it must wait for them)."""
+    """Creating MVs a statement reads (it must wait for them): the upstreams of a
+    CREATE MATERIALIZED VIEW, the MV a VERIFY checks, the relations a query reads."""
     from sqlglot import exp
 
-    from .frontend import CreateMaterializedView
+    from .frontend import CreateMaterializedView, Query, Verify
 
-    if not isinstance(command, CreateMaterializedView):
+    if isinstance(command, CreateMaterializedView):
+        names = [t.name for t in command.query.find_all(exp.Table)]
+    elif isinstance(command, Verify):
+        names = [command.name]
+    elif isinstance(command, Query):
+        names = [t.name for t in command.tree.find_all(exp.Table)]
+    else:
         return []
     waiting = []
-    for t in command.query.find_all(exp.Table):
-        rel = eng.catalog.find(t.name)
-        if rel is not None and rel.kind == "mv" and rel.state != "created":
+    for name in names:
+        rel = eng.catalog.find(name)
+        if rel is not None and rel.kind == "mv" and rel.state != "created" \
+                and rel.name not in waiting:
             waiting.append(rel.name)
     return waiting
 
 
 def _created(eng: Any, command: Any) -> bool:
     return not _creating_upstreams(eng, command)
+
+
+def _ran(eng: Any, resume_key: str, index: int) -> None:
+    """Record that the pipeline's first ``index`` statements ran."""
+    with eng.meta.transaction() as conn:
+        eng.meta.put(conn, resume_key, str(index))
 
 
 def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
@@ -159,17 +223,41 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
         return 1
     from .engine import Engine
     from .live import EpochLoop, stop_on_signals
+    from .pipeline_check import check_pipeline
 
     stop = threading.Event()
+    text = path.read_text()
+    fresh = not args.warehouse.exists()
+    resume_key = f"pipeline:{hashlib.sha256(text.encode()).hexdigest()}"
     try:
         with Engine(args.warehouse, spark=spark) as eng, stop_on_signals(stop, console):
+            # a re-run of the same file resumes after the last statement it ran
+            done = int(eng.meta.get(resume_key) or 0)
+            todo = statements[done:]
+            try:
+                check_pipeline(eng, todo, str(path))
+            except SparkfillError:
+                if fresh:  # a warehouse created only to check a failing pipeline
+                    eng.close()
+                    shutil.rmtree(args.warehouse, ignore_errors=True)
+                raise
+            if args.check:
+                console.print(f"ok: {len(todo)} statements of {path} checked"
+                              + (f" (the first {done} already ran)" if done else ""))
+                return 0
+            if done:
+                console.print(f"[dim]{path.name}: resuming after statement {done} (line "
+                              f"{statements[done - 1].line})[/dim]")
             loop = EpochLoop(eng, console, args.interval, stop)
-            for st in statements:
+            for index, st in enumerate(todo, start=done + 1):
                 if stop.is_set():
                     break
                 if st.step is not None:
                     console.print(f"[dim]{path.name}:{st.line}[/dim] STEP {st.step}")
                     loop.run(epochs=st.step)
+                    if stop.is_set():
+                        break
+                    _ran(eng, resume_key, index)
                     continue
                 waiting = _creating_upstreams(eng, st.command)
                 if waiting:
@@ -185,8 +273,9 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
                 except SparkfillError as exc:
                     console.print(f"[red]error:[/red] {path}:{st.line}: {exc}", highlight=False)
                     return 1
+                _ran(eng, resume_key, index)
                 if result is not None:
-                    _print_frame(console, result, 50)
+                    _print_result(console, st.text, result, 50)
             if not stop.is_set():
                 loop.run(epochs=args.epochs, until_idle=args.until_idle)
             stopped = " (stopped)" if stop.is_set() else ""
@@ -226,6 +315,9 @@ def _parser() -> argparse.ArgumentParser:
                             "datagen produced anything in the last epoch")
     run.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
                      help="start epochs at least this far apart (default 0)")
+    run.add_argument("--check", action="store_true",
+                     help="only check the file: plan every statement against the catalog "
+                          "it would build (nothing runs, nothing is written)")
     sql = sub.add_parser("sql", help="run one statement against a warehouse",
                          description="Run one statement; a query or SHOW prints a table.")
     sql.add_argument("warehouse", type=Path, metavar="DIR")

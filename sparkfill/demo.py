@@ -22,7 +22,6 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     TextColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
 
@@ -83,20 +82,29 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"CREATE MATERIALIZED VIEW big_orders AS {MV_SQL}")
         during: list[float] = []
         created_at = time.time()
+        console.print("progress counts the rows of the upstream snapshot scanned; the MV "
+                      "keeps those its WHERE passes")
         columns = (TextColumn("[bold blue]{task.description}"), BarColumn(),
                    MofNCompleteColumn(), TextColumn("{task.fields[rate]:>9,.0f} rows/s"),
-                   TimeRemainingColumn(), TextColumn("{task.fields[epoch]}"))
-        with Progress(*columns, console=console) as bar:
-            task = bar.add_task("big_orders", total=args.rows, rate=0.0, epoch="")
+                   TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[epoch]}"))
+        # a terminal gets a live bar; a pipe or a log file one plain line per epoch
+        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+            task = bar.add_task("big_orders", total=args.rows, rate=0.0, eta="-", epoch="")
             while True:
                 _dml(eng, rng, eng.committed_epoch + 1, args.dml_rows, id_space)
                 report = eng.step()
                 during.append(report.seconds)
                 job = eng.progress("big_orders")
-                bar.update(task, total=max(1, job.rows_total_estimate), completed=job.rows_done,
-                           rate=job.rows_per_second,
-                           epoch=f"epoch {report.epoch}: {report.seconds:.2f}s, "
-                                 f"{sum(report.changes.values()):,} changes")
+                epoch_text = (f"epoch {report.epoch}: {report.seconds:.2f}s, "
+                              f"{sum(report.changes.values()):,} changes")
+                if console.is_terminal:
+                    bar.update(task, total=max(1, job.rows_total_estimate),
+                               completed=job.rows_done, rate=job.rows_per_second,
+                               eta="-" if job.eta_seconds is None
+                               else f"{job.eta_seconds:,.0f}s", epoch=epoch_text)
+                else:
+                    console.print(f"{epoch_text} | {job.describe()}", highlight=False,
+                                  soft_wrap=True)
                 if job.state == "created":
                     break
         ready_seconds = time.time() - created_at

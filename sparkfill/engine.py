@@ -23,7 +23,6 @@ from typing import Any, ParamSpec, TypeVar
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 from sqlglot import exp
 
 from .backfill import NotStarted, state_to_row
@@ -43,6 +42,7 @@ from .errors import (
     UnknownColumn,
     UnknownRelation,
     UnsupportedQuery,
+    WarehouseReadOnly,
 )
 from .frontend import (
     AlterMaterializedView,
@@ -54,6 +54,7 @@ from .frontend import (
     Drop,
     DropSink,
     Explain,
+    ExplainExisting,
     InsertValues,
     Query,
     SetOption,
@@ -64,6 +65,7 @@ from .frontend import (
 )
 from .lock import WriterLock
 from .meta_store import MetaStore, SourceRow
+from .metadata import explain_existing, show_rows, show_schema
 from .options import WAREHOUSE_OPTIONS, resolve_options
 from .planner import LeafInfo, check_supported, explain_plan, plan_materialized_view
 from .progress import EpochReport
@@ -91,6 +93,9 @@ def _translate(exc: Exception, where: str) -> SparkfillError:
         except Exception:  # noqa: BLE001 - best effort only
             condition = ""
     short = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    # names of internal relations and planning views never reach users
+    short = re.sub(r"`?__sf_\w+`?\.", "", short)
+    short = re.sub(r"`?__sf_\w+`?", "<internal>", short)
     if condition.startswith("UNRESOLVED_COLUMN") or "UNRESOLVED_COLUMN" in text:
         m = re.search(r"name `?([^`\s]+)`? cannot be resolved", text)
         name = m.group(1) if m else "?"
@@ -126,18 +131,28 @@ class Engine:
     """An incremental materialized-view engine over one warehouse folder."""
 
     def __init__(self, warehouse: str | Path, spark: SparkSession | None = None,
-                 *, retain_epochs: int = 200) -> None:
+                 *, retain_epochs: int = 200, read_only: bool = False) -> None:
+        """Open (or create) a warehouse as its one writer; ``read_only=True`` opens an
+        existing one for reading beside its writer: reads, progress, SHOW, EXPLAIN,
+        VERIFY and queries see each epoch the writer commits; anything that would
+        write raises ``WarehouseReadOnly``."""
         self._closed = True
+        self.read_only = read_only
         self.path = Path(warehouse).resolve()
-        self.path.mkdir(parents=True, exist_ok=True)
+        if read_only and not (self.path / "meta.sqlite").is_file():
+            raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a read-only "
+                                    "open needs one that exists")
+        if not read_only:
+            self.path.mkdir(parents=True, exist_ok=True)
         self._lock = WriterLock(self.path / "writer.lock")
-        self._lock.acquire()
+        if not read_only:
+            self._lock.acquire()
         try:
             self._own_spark = spark is None
             self.spark = spark if spark is not None else build_spark_session()
             # a caller's session too: an epoch's plans reuse cached Δs many times
             self.spark.conf.set("spark.sql.maxPlanStringLength", "65536")
-            self.meta = MetaStore(self.path / "meta.sqlite")
+            self.meta = MetaStore(self.path / "meta.sqlite", read_only=read_only)
             self.store = RelationStore(self.spark, self.path / "relations", self.meta)
             self.catalog = Catalog(self.meta)
             self.stager = DmlStager(self.spark, self.meta, self.path / "staging" / "dml")
@@ -148,7 +163,8 @@ class Engine:
                                                 self.stager, retain_epochs)
             self._session_options: dict[str, Any] = {}
             self._closed = False
-            self._recover()
+            if not read_only:
+                self._recover()
         except BaseException as exc:
             self._closed = True
             self._lock.release()
@@ -229,6 +245,7 @@ class Engine:
     def step(self) -> EpochReport:
         """Run and commit one epoch: stage the sources' input for it, run it, and
         bring the sinks up to it."""
+        self._writable("step()")
         self.sinks.sync(self.catalog, self.meta.committed_epoch)  # behind after a crash
         self.sources.stage(self.catalog, self.meta.committed_epoch + 1)
         report = self.coordinator.step()
@@ -238,7 +255,14 @@ class Engine:
 
     # --- DML ------------------------------------------------------------------------------
 
+    def _writable(self, what: str) -> None:
+        if self.read_only:
+            raise WarehouseReadOnly(f"{what}: warehouse {self.path} is open read-only; "
+                                    "open it without read_only=True to write (one writer "
+                                    "at a time)")
+
     def _table(self, name: str) -> Relation:
+        self._writable(f"DML on {name!r}")
         rel = self.catalog.get(name)
         if rel.kind != "table":
             raise SqlError(f"{name!r} is a materialized view; only tables take DML")
@@ -289,14 +313,38 @@ class Engine:
     @_boundary
     def read(self, name: str, as_of: int | None = None) -> DataFrame:
         """The relation at the committed epoch (or ``as_of``, while retained)."""
+        if self.read_only:
+            self.catalog.reload()  # the writer's latest commits
         rel = self.catalog.get(name)
         return self._snapshot(rel, self._epoch_for_read(rel, as_of))
+
+    @_boundary
+    def create_temp_views(self, as_of: int | None = None) -> list[str]:
+        """Register every table and created MV as a temporary view of the engine's
+        Spark session, under its own name, as of the committed epoch (or ``as_of``),
+        so plain ``spark.sql`` reads them; returns the names registered. A view is
+        a snapshot: call again after later epochs to see them."""
+        if self.read_only:
+            self.catalog.reload()
+        names = []
+        for rel in self.catalog.all():
+            if rel.kind == "state" or (rel.kind == "mv" and rel.state != "created"):
+                continue
+            epoch = self.meta.committed_epoch if as_of is None else int(as_of)
+            if epoch < rel.created_epoch or (rel.ready_epoch or 0) > epoch:
+                continue
+            self._snapshot(rel, self._epoch_for_read(rel, epoch)) \
+                .createOrReplaceTempView(rel.name)
+            names.append(rel.name)
+        return names
 
     # --- progress -------------------------------------------------------------------------
 
     @_boundary
     def progress(self, name: str | None = None) -> Any:
         """``JobProgress`` of one MV, or the list of every MV's."""
+        if self.read_only:
+            self.catalog.reload()  # the writer's latest commits
         if name is None:
             return self.coordinator.jobs()
         rel = self.catalog.get(name)
@@ -311,6 +359,10 @@ class Engine:
         """Run one statement; queries return a DataFrame, other statements None
         (SHOW returns a DataFrame)."""
         cmd = parse_statement(statement)
+        if self.read_only:
+            if not isinstance(cmd, Show | Query | Explain | ExplainExisting | Verify):
+                self._writable(type(cmd).__name__)
+            self.catalog.reload()  # the writer's latest commits
         handler = {
             CreateTable: self._create_table,
             CreateMaterializedView: self._create_mv,
@@ -324,6 +376,7 @@ class Engine:
             AlterMaterializedView: self._alter_mv,
             CancelJobs: self._cancel_jobs,
             Explain: self._explain,
+            ExplainExisting: self._explain,
             Verify: lambda c: self.verify(c.name, c.as_of),
             CreateSink: lambda c: self.sinks.create(c, self.catalog),
             DropSink: self.sinks.drop,
@@ -354,6 +407,10 @@ class Engine:
                 self.store.delete(dir_)
             raise
         self.catalog.reload()
+
+    def session_options(self) -> dict[str, Any]:
+        """The options ``SET`` gave this session (each MV created now starts from them)."""
+        return dict(self._session_options)
 
     def _check_new_name(self, name: str) -> bool:
         if name.lower().startswith("__sf_"):
@@ -511,39 +568,14 @@ class Engine:
         return None
 
     def _show(self, cmd: Show) -> DataFrame:
-        if cmd.what == "sinks":
-            return self.sinks.show(self.catalog)
-        rels = self.catalog.all()
-        if cmd.what == "tables":
-            schema = T.StructType([T.StructField("name", T.StringType()),
-                                   T.StructField("columns", T.StringType()),
-                                   T.StructField("primary_key", T.StringType()),
-                                   T.StructField("rows", T.LongType())])
-            data: list[tuple[Any, ...]] = [
-                (r.name, ", ".join(f"{c.name} {c.type.upper()}" for c in r.columns),
-                 ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
-            return self.spark.createDataFrame(data, schema)
-        if cmd.what == "materialized views":
-            schema = T.StructType([T.StructField("name", T.StringType()),
-                                   T.StructField("state", T.StringType()),
-                                   T.StructField("strategy", T.StringType()),
-                                   T.StructField("rows", T.LongType()),
-                                   T.StructField("definition", T.StringType())])
-            data = [(r.name, r.state, r.options.strategy if r.options else None, r.row_count,
-                     r.sql) for r in rels if r.kind == "mv"]
-            return self.spark.createDataFrame(data, schema)
-        schema = T.StructType([T.StructField("name", T.StringType()),
-                               T.StructField("strategy", T.StringType()),
-                               T.StructField("state", T.StringType()),
-                               T.StructField("rows_done", T.LongType()),
-                               T.StructField("rows_total_estimate", T.LongType()),
-                               T.StructField("rows_per_second", T.DoubleType()),
-                               T.StructField("eta_seconds", T.DoubleType())])
-        jobs = self.coordinator.jobs()
-        return self.spark.createDataFrame(
-            [(j.name, j.strategy, j.state, j.rows_done, j.rows_total_estimate,
-              float(j.rows_per_second), None if j.eta_seconds is None else float(j.eta_seconds))
-             for j in jobs], schema)
+        if cmd.what != "jobs":
+            rows = show_rows(cmd.what, self.meta, self.catalog)
+        else:  # with the rates this engine measured
+            rows = [(j.name, j.strategy, j.state, j.rows_done, j.rows_total_estimate,
+                     float(j.rows_per_second),
+                     None if j.eta_seconds is None else float(j.eta_seconds))
+                    for j in self.coordinator.jobs()]
+        return self.spark.createDataFrame(rows, show_schema(cmd.what))
 
     def _insert_values(self, cmd: InsertValues) -> None:
         rel = self._table(cmd.table)
@@ -618,8 +650,9 @@ class Engine:
 
     # --- introspection --------------------------------------------------------------------
 
-    def _explain(self, cmd: Explain) -> DataFrame:
-        text = self._plan_text(cmd.statement)
+    def _explain(self, cmd: Explain | ExplainExisting) -> DataFrame:
+        text = (explain_existing(self.catalog, cmd.name) if isinstance(cmd, ExplainExisting)
+                else self._plan_text(cmd.statement))
         return self.spark.createDataFrame([(line,) for line in text.splitlines()], "plan string")
 
     def _plan_text(self, cmd: CreateMaterializedView) -> str:
@@ -638,11 +671,10 @@ class Engine:
         """The operator plan of ``CREATE MATERIALIZED VIEW ...`` (or of an existing
         MV, by name) as an indented tree with each operator's key and state tables."""
         if re.match(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*$", statement):
-            rel = self.catalog.get(statement.strip())
-            if rel.kind != "mv" or rel.plan is None:
-                raise SqlError(f"{rel.name!r} is not a materialized view")
-            return explain_plan(rel.name, rel.plan, rel.key)
+            return explain_existing(self.catalog, statement.strip())
         cmd = parse_statement(statement)
+        if isinstance(cmd, ExplainExisting):
+            return explain_existing(self.catalog, cmd.name)
         if isinstance(cmd, Explain):
             cmd = cmd.statement
         if not isinstance(cmd, CreateMaterializedView):

@@ -124,6 +124,13 @@ class Explain(Command):
 
 
 @dataclass
+class ExplainExisting(Command):
+    """``EXPLAIN MATERIALIZED VIEW name``: the stored plan of an existing MV."""
+
+    name: str
+
+
+@dataclass
 class Verify(Command):
     name: str
     as_of: int | None = None
@@ -131,6 +138,9 @@ class Verify(Command):
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?P<rest>CREATE\s+MATERIALIZED\s+VIEW\s.*)$",
                       re.IGNORECASE | re.DOTALL)
+_EXPLAIN_EXISTING = re.compile(
+    r"^\s*EXPLAIN\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*;?\s*$",
+    re.IGNORECASE)
 _VERIFY = re.compile(
     r"^\s*VERIFY\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
     r"(\s+AS\s+OF\s+(?:EPOCH\s+)?(?P<epoch>\d+))?\s*;?\s*$", re.IGNORECASE)
@@ -347,6 +357,9 @@ def parse_statement(sql: str) -> Command:
         inner = _CREATE_MV.match(m.group("rest"))
         assert inner is not None
         return Explain(_parse_create_mv(inner))
+    m = _EXPLAIN_EXISTING.match(sql)
+    if m:
+        return ExplainExisting(m.group("name").strip("`"))
     m = _VERIFY.match(sql)
     if m:
         return Verify(m.group("name").strip("`"),

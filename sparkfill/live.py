@@ -160,11 +160,7 @@ class EpochLoop:
                 for name, n in report.source_rows.items()))
         jobs = self.creating()
         if jobs:
-            parts.append("jobs: " + ", ".join(
-                f"{j.name} {j.state} {j.rows_done:,}/{j.rows_total_estimate:,} rows "
-                f"({j.rows_per_second:,.0f}/s"
-                + (f", ETA {j.eta_seconds:.0f}s)" if j.eta_seconds is not None else ")")
-                for j in jobs))
+            parts.append("jobs: " + ", ".join(j.describe() for j in jobs))
         done = [j.name for j in report.jobs if j.state == "created"]
         if done:
             parts.append(f"created: {', '.join(done)}")
@@ -203,5 +199,7 @@ class EpochLoop:
                                       completed=j.rows_done, rate=j.rows_per_second,
                                       state=j.state, eta=eta)
         if self._tasks:
+            parts.append(Text("each bar counts the rows of the upstream snapshot its job has "
+                              "scanned (the MV keeps those its query passes)", style="dim"))
             parts.append(self._progress)
         return Group(*parts)

@@ -41,6 +41,20 @@ class JobProgress:
             return 0.0
         return min(1.0, self.rows_done / self.rows_total_estimate)
 
+    def describe(self) -> str:
+        """One plain line for logs: rows of the upstream snapshot scanned (the MV
+        keeps those its query passes), percent, rate and ETA once a rate is known."""
+        line = (f"{self.name} {self.state}: {self.rows_done:,}/{self.rows_total_estimate:,} "
+                f"upstream rows scanned ({100 * self.fraction_done:.0f}%)")
+        if self.state == "created":
+            return line
+        line += f", {self.rows_per_second:,.0f} rows/s"
+        if self.eta_seconds is not None:
+            line += f", ETA {self.eta_seconds:,.0f}s"
+        if self.lag_epochs is not None:
+            line += f", {self.lag_epochs} epochs behind"
+        return line + (" (stalled)" if self.stalled else "")
+
 
 @dataclass(frozen=True)
 class EpochReport:

@@ -34,9 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from .catalog import Catalog, Relation
 from .errors import CatalogError, DependentObjects, InvalidOption, SinkError, UnknownRelation
@@ -153,25 +152,9 @@ class SinkManager:
         self.meta.drop_sink(sink.id)
 
     def synced_epoch(self, sink: SinkRow) -> int | None:
-        try:
-            version = DeltaTable(sink.path).transaction_version(self.app_id(sink))
-        except Exception:  # noqa: BLE001 - a missing table has synced nothing
-            return None
-        return None if version is None else int(version)
+        from .metadata import synced_epoch
 
-    def show(self, catalog: Catalog) -> DataFrame:
-        schema = T.StructType([T.StructField("name", T.StringType()),
-                               T.StructField("from", T.StringType()),
-                               T.StructField("connector", T.StringType()),
-                               T.StructField("path", T.StringType()),
-                               T.StructField("epoch", T.LongType()),
-                               T.StructField("state", T.StringType())])
-        rows = []
-        for s in self.meta.sinks():
-            rel = catalog.get_by_id(s.rel_id)
-            state = ("waiting" if rel.kind == "mv" and rel.state != "created" else "running")
-            rows.append((s.name, rel.name, s.connector, s.path, self.synced_epoch(s), state))
-        return self.spark.createDataFrame(rows, schema)
+        return synced_epoch(sink.path, sink.id)
 
     # --- syncing --------------------------------------------------------------------------
 

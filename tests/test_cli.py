@@ -210,3 +210,47 @@ def test_run_waits_for_upstreams_and_stops_cleanly_on_sigint(spark, tmp_path):
         assert eng.committed_epoch == last
         for mv in ("f", "ff"):
             assert eng.verify(mv).count() == 0
+
+
+def test_pipeline_is_checked_before_it_runs_and_a_rerun_resumes(spark, tmp_path, capsys):
+    wh = tmp_path / "wh"
+    head = ("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id));\n"
+            "INSERT INTO t VALUES (1, 2), (2, 3), (3, 3);\n"
+            "STEP 1;\n")
+    bad = tmp_path / "bad.sql"
+    bad.write_text(head + "CREATE MATERIALIZED VIEW m AS "
+                          "SELECT id, row_number() OVER (ORDER BY v) AS r FROM t;\n")
+    assert main(["run", str(bad), "--warehouse", str(wh), "--epochs", "0"], spark=spark) == 1
+    out = capsys.readouterr().out
+    assert "bad.sql:4" in out and "window functions" in out, out
+    assert not wh.exists(), "a pipeline that fails its check must leave nothing"
+    # the check follows the catalog the file builds: m2 reads m, created two lines up
+    good = tmp_path / "good.sql"
+    good.write_text(head + "CREATE MATERIALIZED VIEW m AS SELECT v, count(*) AS c FROM t "
+                           "GROUP BY v;\n"
+                           "CREATE MATERIALIZED VIEW m2 AS SELECT c FROM m WHERE v > 2;\n"
+                           "VERIFY MATERIALIZED VIEW m2;\n")
+    assert main(["run", str(good), "--warehouse", str(wh), "--check"], spark=spark) == 0
+    assert "6 statements" in capsys.readouterr().out
+    assert not (wh / "relations").exists() or not any((wh / "relations").iterdir())
+    assert main(["run", str(good), "--warehouse", str(wh), "--epochs", "0"], spark=spark) == 0
+    out = capsys.readouterr().out
+    assert "exact (0 differing rows)" in out, out
+    con = sqlite3.connect(wh / "meta.sqlite")
+    epoch = con.execute("SELECT value FROM kv WHERE key = 'committed_epoch'").fetchone()[0]
+    con.close()
+    # a re-run of the same file resumes after its last statement: STEP 1 runs no epoch
+    assert main(["run", str(good), "--warehouse", str(wh), "--epochs", "0"], spark=spark) == 0
+    assert "resuming after statement 6" in capsys.readouterr().out
+    con = sqlite3.connect(wh / "meta.sqlite")
+    assert con.execute("SELECT value FROM kv WHERE key = 'committed_epoch'").fetchone()[0] \
+        == epoch
+    con.close()
+    # SHOW and EXPLAIN of an MV answer from the meta store without Spark: no Java needed
+    env = {**subprocess_env("local[1]"), "JAVA_HOME": str(tmp_path / "no-java")}
+    for statement, needle in (("SHOW MATERIALIZED VIEWS", "m2"), ("SHOW TABLES", "BIGINT"),
+                              ("SHOW JOBS", "created"), ("SHOW SINKS", "name"),
+                              ("EXPLAIN MATERIALIZED VIEW m", "HashAggregate")):
+        out = subprocess.run([*CLI, "sql", str(wh), statement], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert out.returncode == 0 and needle in out.stdout, (statement, out.stdout, out.stderr)

@@ -4,11 +4,12 @@ reopening a warehouse, SHOW / SET / DROP, cancelling a creating MV, options."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from helpers import TableModel, assert_rows_equal, assert_same_rows, check_mv, mv_sql
 
-from sparkfill import Engine, UnknownRelation
+from sparkfill import Engine, UnknownRelation, WarehouseLocked, WarehouseReadOnly
 
 KV = "CREATE TABLE kv (id BIGINT, v BIGINT, tag STRING, PRIMARY KEY (id))"
 KV_COLS = ["id", "v", "tag"]
@@ -321,3 +322,41 @@ def test_composite_key_table(engine, spark):
             if n >= 5:
                 break
     assert engine.progress("ckm").state == "created"
+
+
+def test_read_only_open_reads_beside_the_writer_and_refuses_writes(engine, warehouse, spark):
+    engine.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+    engine.insert("t", [{"id": 1, "v": 10}, {"id": 2, "v": 20}])
+    engine.sql("CREATE MATERIALIZED VIEW s AS SELECT sum(v) AS total FROM t")
+    engine.step()
+    engine.step()
+    with pytest.raises(WarehouseLocked, match="read_only=True"):
+        Engine(warehouse, spark=spark)
+    reader = Engine(warehouse, spark=spark, read_only=True)
+    try:
+        assert reader.read("s").collect()[0]["total"] == 30
+        engine.insert("t", [{"id": 3, "v": 5}])
+        engine.step()  # the reader sees the writer's next commit
+        assert reader.committed_epoch == engine.committed_epoch
+        assert reader.read("s").collect()[0]["total"] == 35
+        assert reader.sql("VERIFY MATERIALIZED VIEW s").count() == 0
+        assert sorted(r[0] for r in reader.sql("SHOW TABLES").collect()) == ["t"]
+        plan = [r[0] for r in reader.sql("EXPLAIN MATERIALIZED VIEW s").collect()]
+        assert plan[0].startswith("Materialize s") and any("state " in p for p in plan)
+        epoch = engine.committed_epoch
+        for write in (lambda: reader.step(), lambda: reader.insert("t", [{"id": 9, "v": 1}]),
+                      lambda: reader.delete("t", [{"id": 1}]),
+                      lambda: reader.sql("CREATE TABLE u (id BIGINT, PRIMARY KEY (id))"),
+                      lambda: reader.sql("DROP MATERIALIZED VIEW s")):
+            with pytest.raises(WarehouseReadOnly, match="read-only"):
+                write()
+        assert engine.committed_epoch == epoch and engine.relation("s").kind == "mv"
+        assert reader.create_temp_views() == ["t", "s"]
+        assert spark.sql("SELECT total FROM s").collect()[0][0] == 35
+        assert spark.sql("SELECT count(*) FROM t").collect()[0][0] == 3
+    finally:
+        reader.close()
+    nowhere = Path(warehouse) / "nowhere"
+    with pytest.raises(WarehouseReadOnly, match="not a sparkfill warehouse"):
+        Engine(nowhere, spark=spark, read_only=True)
+    assert not nowhere.exists()

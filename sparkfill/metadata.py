@@ -1,0 +1,96 @@
+"""SHOW and EXPLAIN MATERIALIZED VIEW answers from the meta store alone: no Spark,
+so the ``sparkfill`` command answers them at once, beside a running writer.
+
+Invariant: every answer is read from committed meta-store state (and, for a
+sink, its Delta table's log); nothing here writes. ``Engine`` turns the same
+rows into DataFrames (its ``SHOW JOBS`` adds the live rates only a running
+engine measures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltalake import DeltaTable
+
+from .catalog import Catalog
+from .errors import SqlError
+from .meta_store import MetaStore
+from .planner import explain_plan
+from .sinks import APP_PREFIX
+
+__all__ = ["SHOW_COLUMNS", "show_rows", "show_schema", "synced_epoch", "explain_existing"]
+
+#: the columns of each SHOW, with their Spark types
+SHOW_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "tables": [("name", "string"), ("columns", "string"), ("primary_key", "string"),
+               ("rows", "bigint")],
+    "materialized views": [("name", "string"), ("state", "string"), ("strategy", "string"),
+                           ("rows", "bigint"), ("definition", "string")],
+    "sinks": [("name", "string"), ("from", "string"), ("connector", "string"),
+              ("path", "string"), ("epoch", "bigint"), ("state", "string")],
+    "jobs": [("name", "string"), ("strategy", "string"), ("state", "string"),
+             ("rows_done", "bigint"), ("rows_total_estimate", "bigint"),
+             ("rows_per_second", "double"), ("eta_seconds", "double")],
+}
+
+
+def show_schema(what: str) -> str:
+    """``SHOW <what>``'s columns as a Spark DDL schema string."""
+    return ", ".join(f"`{name}` {type_}" for name, type_ in SHOW_COLUMNS[what])
+
+
+def synced_epoch(path: str, sink_id: int) -> int | None:
+    """The epoch a sink's Delta table holds (its application transaction), if any."""
+    try:
+        version = DeltaTable(path).transaction_version(f"{APP_PREFIX}{sink_id}")
+    except Exception:  # noqa: BLE001 - a missing table has synced nothing
+        return None
+    return None if version is None else int(version)
+
+
+def show_rows(what: str, meta: MetaStore, catalog: Catalog) -> list[tuple[Any, ...]]:
+    """The rows of ``SHOW <what>`` (columns: ``SHOW_COLUMNS[what]``). ``jobs``: each
+    MV's progress as committed (rows done of the upstreams' rows; the rate and ETA,
+    which a running engine measures, are left empty)."""
+    rels = catalog.all()
+    if what == "tables":
+        return [(r.name, ", ".join(f"{c.name} {c.type.upper()}" for c in r.columns),
+                 ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
+    if what == "materialized views":
+        return [(r.name, r.state, r.options.strategy if r.options else None, r.row_count,
+                 r.sql) for r in rels if r.kind == "mv"]
+    if what == "sinks":
+        rows = []
+        for s in meta.sinks():
+            rel = catalog.get_by_id(s.rel_id)
+            state = "waiting" if rel.kind == "mv" and rel.state != "created" else "running"
+            rows.append((s.name, rel.name, s.connector, s.path, synced_epoch(s.path, s.id),
+                         state))
+        return rows
+    jobs: list[tuple[Any, ...]] = []
+    for r in rels:
+        if r.kind != "mv":
+            continue
+        done = sum(p.rows for p in meta.progress(r.id))
+        if r.state == "created":
+            jobs.append((r.name, r.options.strategy if r.options else None, "created", done,
+                         done, 0.0, 0.0))
+            continue
+        total = max(done, sum(leaf.row_count for leaf in catalog.leaves_of(r)))
+        paused = r.options is not None and r.options.rate_limit == 0
+        jobs.append((r.name, r.options.strategy if r.options else None,
+                     "paused" if paused else "backfilling", done, total, None, None))
+    return jobs
+
+
+def explain_existing(catalog: Catalog, name: str) -> str:
+    """The operator plan of an existing MV, from its stored plan, with its state
+    tables' keys (``EXPLAIN MATERIALIZED VIEW name``)."""
+    rel = catalog.get(name)
+    if rel.kind != "mv" or rel.plan is None:
+        raise SqlError(f"{rel.name!r} is not a materialized view")
+    lines = [explain_plan(rel.name, rel.plan, rel.key)]
+    for state in catalog.states_of(rel):
+        lines.append(f"state {state.name}: key=({', '.join(state.key)})")
+    return "\n".join(lines)
