@@ -16,11 +16,14 @@ Epoch ``e``:
    its operators, which append the Δs of its state tables the same way; a
    relation whose inputs did not change runs nothing;
 3. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
-4. release the backfill chunks read for ``e``; compact and vacuum.
+4. release the backfill chunks read for ``e``; compact and vacuum. ``e`` is
+   committed: a failure here is logged (and reported) and retried later, so
+   ``step()`` raises only for an epoch that did not commit.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import statistics
 import time
@@ -50,6 +53,8 @@ from .session import default_parallelism_of
 from .snapshot_jobs import SnapshotJobs
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS"]
+
+LOG = logging.getLogger("sparkfill")
 
 #: a job that made no progress for this many epochs while not paused is stalled
 STALL_EPOCHS = 5
@@ -306,27 +311,40 @@ class EpochCoordinator:
             tagged_versions=appends.tagged,
         ))
 
-        # phase 4: release the epoch's backfill chunks; housekeeping
+        # phase 4: release the epoch's backfill chunks; housekeeping. The epoch is
+        # committed: from here a failure is logged and left for a later epoch (the
+        # applied DML files, compaction, vacuum), never raised
         spark_jobs = self.store.spark_jobs - jobs_before
-        for df in cached:
-            df.unpersist()
-        self.stager.remove_applied([b.path for b in batches])
-        self.last_rows_read = dict(self.store.rows_read)
+        warnings: list[str] = []
         self.catalog.reload()
+        self.last_rows_read = dict(self.store.rows_read)
+
+        def after_commit(what: str, work: Any) -> None:
+            try:
+                work()
+            except Exception as exc:  # noqa: BLE001 - the epoch stands; retried later
+                warnings.append(f"epoch {epoch} committed, but {what} failed (retried "
+                                f"later): {type(exc).__name__}: {exc}")
+                LOG.warning(warnings[-1])
+
+        for df in cached:
+            after_commit("releasing a backfill chunk", df.unpersist)
+        after_commit("removing applied DML files",
+                     lambda: self.stager.remove_applied([b.path for b in batches]))
         if not any(chunk_rows.values()):  # no backfill work: the epoch's base cost
             self._base_samples.append(finished - started)
         for mv_id in chunk_rows:
             mv = self.catalog.get_by_id(mv_id)
             self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))
             self._adapt_budget(mv, finished - started)
-        self._housekeep(epoch, appends.versions)
+        after_commit("compaction and vacuum", lambda: self._housekeep(epoch, appends.versions))
         changes = {self.catalog.get_by_id(rid).name:
                    c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}
         return EpochReport(epoch=epoch, seconds=finished - started, changes=changes,
                            jobs=self.jobs(), rows_read=self.last_rows_read,
                            backfill_rows={self.catalog.get_by_id(k).name: v
                                           for k, v in chunk_rows.items()},
-                           spark_jobs=spark_jobs)
+                           spark_jobs=spark_jobs, warnings=warnings)
 
     def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
                   appends: EpochAppends, plan: dict[str, Any], epoch: int,

@@ -12,6 +12,7 @@ after committing it.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import shutil
 import uuid
@@ -75,6 +76,8 @@ from .sinks import SinkManager
 from .sources import SourceManager
 
 __all__ = ["Engine"]
+
+LOG = logging.getLogger("sparkfill")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -249,9 +252,17 @@ class Engine:
         self.sinks.sync(self.catalog, self.meta.committed_epoch)  # behind after a crash
         self.sources.stage(self.catalog, self.meta.committed_epoch + 1)
         report = self.coordinator.step()
-        self.sinks.sync(self.catalog, report.epoch)
+        # the epoch is committed: a sink that cannot write now is reported and
+        # brought up to date by a later step
+        warnings = list(report.warnings)
+        try:
+            self.sinks.sync(self.catalog, report.epoch)
+        except Exception as exc:  # noqa: BLE001 - the epoch stands; retried next step
+            warnings.append(f"epoch {report.epoch} committed, but a sink could not write "
+                            f"(retried next step): {_translate(exc, 'sink')}")
+            LOG.warning(warnings[-1])
         rows, dead = self.sources.report(self.catalog, report.epoch)
-        return replace(report, source_rows=rows, dead_letters=dead)
+        return replace(report, source_rows=rows, dead_letters=dead, warnings=warnings)
 
     # --- DML ------------------------------------------------------------------------------
 

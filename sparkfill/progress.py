@@ -75,3 +75,6 @@ class EpochReport:
     #: Spark jobs the epoch ran: its writes, collects and broadcasts (a snapshot
     #: job's phase 1, which runs beside the epochs, not included)
     spark_jobs: int = 0
+    #: work after the commit that failed and will be retried (the epoch stands):
+    #: clean-up, compaction, a sink's write
+    warnings: list[str] = field(default_factory=list)

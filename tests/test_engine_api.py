@@ -360,3 +360,36 @@ def test_read_only_open_reads_beside_the_writer_and_refuses_writes(engine, wareh
     with pytest.raises(WarehouseReadOnly, match="not a sparkfill warehouse"):
         Engine(nowhere, spark=spark, read_only=True)
     assert not nowhere.exists()
+
+
+def test_a_failure_after_the_commit_is_reported_not_raised(engine, monkeypatch):
+    """A step whose epoch committed returns its report, whatever fails after the
+    commit (housekeeping, a sink's write): that work is retried later."""
+    engine.sql(KV)
+    engine.insert("kv", kv_rows(range(5)))
+    engine.sql("CREATE MATERIALIZED VIEW s WITH (backfill = 'blocking') AS "
+               "SELECT tag, sum(v) AS sv FROM kv GROUP BY tag")
+    engine.step()
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(engine.coordinator, "_housekeep", broken)
+    real_sync, calls = engine.sinks.sync, []
+
+    def sync_fails_after_commit(catalog, epoch):
+        calls.append(epoch)
+        if len(calls) == 2:  # the call after the epoch's commit
+            raise RuntimeError("sink unreachable")
+        return real_sync(catalog, epoch)
+
+    monkeypatch.setattr(engine.sinks, "sync", sync_fails_after_commit)
+    engine.insert("kv", kv_rows([7]))
+    before = engine.committed_epoch
+    report = engine.step()
+    assert report.epoch == before + 1 == engine.committed_epoch
+    assert len(report.warnings) == 2, report.warnings
+    assert "disk full" in report.warnings[0] and "sink unreachable" in report.warnings[1]
+    monkeypatch.undo()
+    assert engine.step().warnings == []
+    assert engine.read("s").collect()[0]["sv"] == sum(k * 10 for k in [*range(5), 7])
