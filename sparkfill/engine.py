@@ -130,6 +130,21 @@ def _boundary(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def _local_warehouse(warehouse: str | Path) -> Path:
+    """The warehouse folder of a local path or ``file://`` URI; any other scheme is
+    refused before anything is created (the warehouse must be on a local or
+    mounted POSIX filesystem for now)."""
+    text = str(warehouse)
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
+    if m is None:
+        return Path(text).resolve()
+    if m.group(1).lower() == "file":
+        return Path(m.group(2) or "/").resolve()
+    raise SparkfillError(
+        f"warehouse {text!r}: a {m.group(1)}:// warehouse is not supported yet; sparkfill "
+        "keeps its warehouse on a local or mounted filesystem (a path or file://...)")
+
+
 class Engine:
     """An incremental materialized-view engine over one warehouse folder."""
 
@@ -141,7 +156,7 @@ class Engine:
         write raises ``WarehouseReadOnly``."""
         self._closed = True
         self.read_only = read_only
-        self.path = Path(warehouse).resolve()
+        self.path = _local_warehouse(warehouse)
         if read_only and not (self.path / "meta.sqlite").is_file():
             raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a read-only "
                                     "open needs one that exists")

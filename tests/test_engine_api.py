@@ -393,3 +393,19 @@ def test_a_failure_after_the_commit_is_reported_not_raised(engine, monkeypatch):
     monkeypatch.undo()
     assert engine.step().warnings == []
     assert engine.read("s").collect()[0]["sv"] == sum(k * 10 for k in [*range(5), 7])
+
+
+def test_a_warehouse_uri_of_another_scheme_is_refused_creating_nothing(spark, tmp_path,
+                                                                      monkeypatch):
+    from sparkfill import SparkfillError
+
+    monkeypatch.chdir(tmp_path)
+    for uri in ("s3://bucket/wh", "hdfs://nn:8020/wh", "gs://b/wh"):
+        with pytest.raises(SparkfillError, match="not supported yet"):
+            Engine(uri, spark=spark)
+    assert list(tmp_path.iterdir()) == []
+    eng = Engine(f"file://{tmp_path / 'wh'}", spark=spark)
+    try:
+        assert eng.path == tmp_path / "wh" and (tmp_path / "wh" / "meta.sqlite").is_file()
+    finally:
+        eng.close()
