@@ -480,7 +480,7 @@ class Engine:
             if cmd.if_not_exists:
                 return None
             raise RelationExists(f"a relation named {cmd.name!r} already exists")
-        select = check_supported(cmd.query)
+        select = check_supported(cmd.query, self._columns_of)
         options = resolve_options(self._session_options, cmd.options)
         planned = plan_materialized_view(self.spark, select, self._leaf_info, cmd.name)
         leaf_names = {n.lower() for lf in planned.plan.leaves for n in (lf.alias, lf.relation)}
@@ -505,6 +505,13 @@ class Engine:
         if options.strategy == "snapshot":
             self.coordinator.snapshots.start(self.catalog.get(cmd.name))
         return None
+
+    def _columns_of(self, name: str) -> list[str] | None:
+        """A table's or MV's visible column names (None: no such relation)."""
+        rel = self.catalog.find(name)
+        if rel is None or rel.kind == "state":
+            return None
+        return [c.name for c in rel.visible_columns]
 
     def _leaf_info(self, name: str) -> LeafInfo:
         rel = self.catalog.get(name)
@@ -682,7 +689,7 @@ class Engine:
         return self.spark.createDataFrame([(line,) for line in text.splitlines()], "plan string")
 
     def _plan_text(self, cmd: CreateMaterializedView) -> str:
-        select = check_supported(cmd.query)
+        select = check_supported(cmd.query, self._columns_of)
         planned = plan_materialized_view(self.spark, select, self._leaf_info, cmd.name)
         names = tuple(f"__sf_{cmd.name}_{d.role}" for d in planned.states)
         plan = replace(planned.plan, states=names)

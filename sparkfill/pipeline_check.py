@@ -70,6 +70,10 @@ class _Catalog:
             raise UnknownRelation(f"no table or materialized view named {name!r}")
         return info
 
+    def columns_of(self, name: str) -> list[str] | None:
+        info = self.infos.get(name.lower())
+        return None if info is None else [c.name for c in info.columns if not c.hidden]
+
     def create(self, name: str, kind: str, info: LeafInfo, if_not_exists: bool) -> None:
         if name.lower().startswith("__sf_"):
             raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
@@ -111,8 +115,9 @@ def _check(engine: Any, catalog: _Catalog, cmd: Any) -> None:
                 and create.if_not_exists:
             return
         resolve_options(engine.session_options(), create.options)
-        planned = plan_materialized_view(engine.spark, check_supported(create.query),
-                                         catalog.leaf, create.name)
+        planned = plan_materialized_view(
+            engine.spark, check_supported(create.query, catalog.columns_of), catalog.leaf,
+            create.name)
         if isinstance(cmd, CreateMaterializedView):
             catalog.create(create.name, "mv", LeafInfo(
                 create.name, tuple(planned.columns), tuple(planned.key)), False)

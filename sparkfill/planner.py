@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from .errors import SqlError, UnknownRelation, UnsupportedQuery
-from .rewrite import rewrite_query
+from .rewrite import ColumnsOf, rewrite_query
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
 __all__ = [
@@ -239,10 +239,11 @@ def union_branches(query: exp.Expr) -> list[exp.Expr]:
     return [query]
 
 
-def check_supported(query: exp.Expr) -> exp.Query:
+def check_supported(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Query:
     """The query in the form the planner compiles (``rewrite_query``: the same rows)
-    if its shape is supported, else raise ``UnsupportedQuery``."""
-    return _check_shape(rewrite_query(query))
+    if its shape is supported, else raise ``UnsupportedQuery``; ``columns_of``: the
+    relations' column names, to resolve unqualified columns of comma joins."""
+    return _check_shape(rewrite_query(query, columns_of))
 
 
 def _check_shape(query: exp.Expr) -> exp.Query:

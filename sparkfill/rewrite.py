@@ -12,23 +12,30 @@ plan is built from the rewritten tree.
   counts for nothing either way.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
   the relations before it becomes an inner join ``ON`` those equalities; the rest
-  of the ``WHERE`` stays.
+  of the ``WHERE`` stays. A column names its relation by qualifier, or (given the
+  relations' columns) by being a column of exactly one of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from sqlglot import exp
 
-__all__ = ["rewrite_query"]
+__all__ = ["rewrite_query", "ColumnsOf"]
+
+#: a relation's column names by relation name (None: unknown relation)
+ColumnsOf = Callable[[str], Sequence[str] | None]
 
 
-def rewrite_query(query: exp.Expr) -> exp.Expr:
-    """A copy of ``query`` with the rewrites above applied (the input is unchanged)."""
+def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
+    """A copy of ``query`` with the rewrites above applied (the input is unchanged);
+    ``columns_of`` resolves unqualified columns of comma joins."""
     query = query.copy()
     _drop_order(query)
     for select in list(query.find_all(exp.Select)):
         _filters_to_case(select)
-        _comma_joins_to_inner(select)
+        _comma_joins_to_inner(select, columns_of)
     return query
 
 
@@ -69,11 +76,24 @@ def _relation_names(rel: exp.Expr) -> set[str]:
     return {rel.alias_or_name.lower()} if isinstance(rel, exp.Table) else set()
 
 
-def _comma_joins_to_inner(select: exp.Select) -> None:
+def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> None:
     joins = select.args.get("joins") or []
     from_ = select.args.get("from_") or select.args.get("from")
     if not joins or from_ is None:
         return
+    # which relation (alias) each unqualified column name belongs to, when only one has it
+    owners: dict[str, set[str]] = {}
+    for rel in [from_.this, *[j.this for j in joins]]:
+        if isinstance(rel, exp.Table) and columns_of is not None:
+            for col in columns_of(rel.name) or ():
+                owners.setdefault(col.lower(), set()).add(rel.alias_or_name.lower())
+
+    def table_of(col: exp.Column) -> str | None:
+        if col.table:
+            return col.table.lower()
+        found = owners.get(col.name.lower(), set())
+        return next(iter(found)) if len(found) == 1 else None
+
     where = select.args.get("where")
     remaining = _conjuncts(where.this if where is not None else None)
     seen = _relation_names(from_.this)
@@ -83,7 +103,7 @@ def _comma_joins_to_inner(select: exp.Select) -> None:
             and not join.args.get("on") and not join.args.get("using") \
             and not join.args.get("side")
         if is_comma and names:
-            moved = [c for c in remaining if _joins_to(c, names, seen)]
+            moved = [c for c in remaining if _joins_to(c, names, seen, table_of)]
             if moved:
                 remaining = [c for c in remaining if all(c is not m for m in moved)]
                 join.set("kind", None)
@@ -93,11 +113,14 @@ def _comma_joins_to_inner(select: exp.Select) -> None:
         select.set("where", exp.Where(this=exp.and_(*remaining)) if remaining else None)
 
 
-def _joins_to(cond: exp.Expr, names: set[str], before: set[str]) -> bool:
+def _joins_to(cond: exp.Expr, names: set[str], before: set[str],
+              table_of: Callable[[exp.Column], str | None]) -> bool:
     """An equality of a column of ``names`` and a column of the relations ``before``."""
     if not (isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column)
             and isinstance(cond.expression, exp.Column)):
         return False
-    sides = {cond.this.table.lower(), cond.expression.table.lower()}
-    return len(sides) == 2 and bool(sides & names) and bool(sides & before) \
-        and sides <= (names | before)
+    left, right = table_of(cond.this), table_of(cond.expression)
+    if left is None or right is None or left == right:
+        return False
+    sides = {left, right}
+    return bool(sides & names) and bool(sides & before) and sides <= (names | before)
