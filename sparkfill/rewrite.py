@@ -10,6 +10,10 @@ plan is built from the rewritten tree.
   ``count(*) FILTER (WHERE c)`` becomes ``count(CASE WHEN c THEN 1 END)``): every
   aggregate sparkfill maintains ignores NULL inputs, so a row the filter rejects
   counts for nothing either way.
+- A condition of ``WHERE`` that is an ``OR`` of ``AND``s shares the conjuncts
+  common to every branch: ``(a AND b) OR (a AND c)`` becomes ``a AND (b OR c)``
+  (distributivity holds in SQL's three-valued logic), so a join equality written
+  in each branch (TPC-H q19) is found.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
   the relations before it becomes an inner join ``ON`` those equalities; the rest
   of the ``WHERE`` stays. A column names its relation by qualifier, or (given the
@@ -35,6 +39,7 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
     _drop_order(query)
     for select in list(query.find_all(exp.Select)):
         _filters_to_case(select)
+        _factor_where(select)
         _comma_joins_to_inner(select, columns_of)
     return query
 
@@ -60,6 +65,33 @@ def _filters_to_case(select: exp.Select) -> None:
         else:
             agg.set("this", _when(cond, target))
         node.replace(agg)
+
+
+def _factor_where(select: exp.Select) -> None:
+    where = select.args.get("where")
+    if where is None:
+        return
+    conjuncts: list[exp.Expr] = []
+    for cond in _conjuncts(where.this):
+        conjuncts.extend(_factor_or(cond.unnest()))
+    select.set("where", exp.Where(this=exp.and_(*conjuncts)))
+
+
+def _factor_or(cond: exp.Expr) -> list[exp.Expr]:
+    """The conjuncts of ``cond`` with those common to every branch of an OR pulled
+    out of it (unchanged when there are none)."""
+    if not isinstance(cond, exp.Or):
+        return [cond]
+    branches = [[c.unnest() for c in _conjuncts(b.unnest())] for b in cond.flatten()]
+    common = [c for c in branches[0]
+              if all(any(c == d for d in other) for other in branches[1:])]
+    if not common:
+        return [cond]
+    rests = [[c for c in b if not any(c == m for m in common)] for b in branches]
+    if any(not rest for rest in rests):  # a branch holds only common terms: OR is true
+        return [c.copy() for c in common]
+    ored = exp.or_(*[exp.and_(*[c.copy() for c in rest]) for rest in rests])
+    return [*[c.copy() for c in common], exp.Paren(this=ored)]
 
 
 def _when(cond: exp.Expr, value: exp.Expr) -> exp.Expr:

@@ -499,14 +499,16 @@ TPCH_DDL = [
     "CREATE TABLE lineitem (l_orderkey BIGINT, l_partkey BIGINT, l_linenumber INT, "
     "l_quantity DECIMAL(15,2), l_extendedprice DECIMAL(15,2), l_discount DECIMAL(15,2), "
     "l_tax DECIMAL(15,2), l_returnflag STRING, l_linestatus STRING, l_shipdate DATE, "
-    "l_commitdate DATE, l_receiptdate DATE, l_shipmode STRING, "
+    "l_commitdate DATE, l_receiptdate DATE, l_shipmode STRING, l_shipinstruct STRING, "
     "PRIMARY KEY (l_orderkey, l_linenumber))",
     "CREATE TABLE orders (o_orderkey BIGINT, o_orderpriority STRING, o_orderdate DATE, "
     "PRIMARY KEY (o_orderkey))",
-    "CREATE TABLE part (p_partkey BIGINT, p_type STRING, PRIMARY KEY (p_partkey))",
+    "CREATE TABLE part (p_partkey BIGINT, p_type STRING, p_brand STRING, p_container STRING, "
+    "p_size INT, PRIMARY KEY (p_partkey))",
 ]
-#: TPC-H q1, q6, q12 and q14 as the benchmark writes them (ORDER BY, comma joins,
-#: unqualified columns, decimals, date arithmetic with intervals, CASE, LIKE, IN)
+#: TPC-H q1, q6, q12, q14 and q19 as the benchmark writes them (ORDER BY, comma joins,
+#: unqualified columns, the join's equality inside each OR branch, decimals, date
+#: arithmetic with intervals, CASE, LIKE, IN, BETWEEN)
 TPCH_SHAPES = {
     "q1": ("select l_returnflag, l_linestatus, sum(l_quantity) as sum_qty, "
            "sum(l_extendedprice * (1 - l_discount)) as sum_disc_price, "
@@ -532,6 +534,18 @@ TPCH_SHAPES = {
             "promo_revenue from {lineitem}, {part} where l_partkey = p_partkey and l_shipdate "
             ">= date '1995-09-01' and l_shipdate < date '1995-09-01' + interval '1' month",
             ["lineitem", "part"]),
+    "q19": ("select sum(l_extendedprice * (1 - l_discount)) as revenue from {lineitem}, {part} "
+            "where (p_partkey = l_partkey and p_brand = 'Brand#12' and p_container in "
+            "('SM CASE', 'SM BOX', 'SM PACK', 'SM PKG') and l_quantity >= 1 and l_quantity <= "
+            "1 + 10 and p_size between 1 and 5 and l_shipmode in ('AIR', 'AIR REG') and "
+            "l_shipinstruct = 'DELIVER IN PERSON') or (p_partkey = l_partkey and p_brand = "
+            "'Brand#23' and p_container in ('MED BAG', 'MED BOX', 'MED PKG', 'MED PACK') and "
+            "l_quantity >= 10 and l_quantity <= 10 + 10 and p_size between 1 and 10 and "
+            "l_shipmode in ('AIR', 'AIR REG') and l_shipinstruct = 'DELIVER IN PERSON') or "
+            "(p_partkey = l_partkey and p_brand = 'Brand#34' and p_container in ('LG CASE', "
+            "'LG BOX', 'LG PACK', 'LG PKG') and l_quantity >= 20 and l_quantity <= 20 + 10 and "
+            "p_size between 1 and 15 and l_shipmode in ('AIR', 'AIR REG') and l_shipinstruct = "
+            "'DELIVER IN PERSON')", ["lineitem", "part"]),
 }
 
 
@@ -553,11 +567,19 @@ def _tpch_rows(rng: random.Random, orders: int, parts: int, count: int) -> list[
             "l_returnflag": rng.choice("ARN"), "l_linestatus": rng.choice("OF"),
             "l_shipdate": ship, "l_commitdate": commit,
             "l_receiptdate": commit + dt.timedelta(days=rng.randrange(-10, 30)),
-            "l_shipmode": rng.choice(["MAIL", "SHIP", "AIR", "RAIL"])})
+            "l_shipmode": rng.choice(["MAIL", "SHIP", "AIR", "AIR REG"]),
+            "l_shipinstruct": rng.choice(["DELIVER IN PERSON", "NONE"])})
     return rows
 
 
-def test_tpch_shapes_q1_q6_q12_q14_created_online_match_batch_every_epoch(spark, tmp_path):
+def _part(rng: random.Random, key: int) -> dict:
+    return {"p_partkey": key, "p_type": rng.choice(["PROMO BRUSHED", "STANDARD", "LARGE"]),
+            "p_brand": rng.choice(["Brand#12", "Brand#23", "Brand#34"]),
+            "p_container": rng.choice(["SM BOX", "MED BAG", "LG CASE", "JUMBO"]),
+            "p_size": rng.randrange(1, 20)}
+
+
+def test_tpch_shapes_created_online_match_batch_every_epoch(spark, tmp_path):
     import datetime as dt
 
     rng = random.Random(5)
@@ -576,15 +598,12 @@ def test_tpch_shapes_q1_q6_q12_q14_created_online_match_batch_every_epoch(spark,
             eng.insert("orders", [{"o_orderkey": rng.randrange(orders),
                                    "o_orderpriority": rng.choice(priorities),
                                    "o_orderdate": dt.date(1994, 1, 1)} for _ in range(5)])
-            eng.insert("part", [{"p_partkey": rng.randrange(parts),
-                                 "p_type": rng.choice(["PROMO BRUSHED", "STANDARD", "PROMO X",
-                                                       "LARGE"])} for _ in range(3)])
+            eng.insert("part", [_part(rng, rng.randrange(parts)) for _ in range(3)])
             eng.delete("orders", [{"o_orderkey": rng.randrange(orders)}])
 
         eng.insert("orders", [{"o_orderkey": k, "o_orderpriority": rng.choice(priorities),
                                "o_orderdate": dt.date(1994, 1, 1)} for k in range(orders)])
-        eng.insert("part", [{"p_partkey": k, "p_type": rng.choice(["PROMO A", "STANDARD"])}
-                            for k in range(parts)])
+        eng.insert("part", [_part(rng, k) for k in range(parts)])
         dml(1500)
         eng.step()
         for name, (sql, _) in TPCH_SHAPES.items():
@@ -600,7 +619,8 @@ def test_tpch_shapes_q1_q6_q12_q14_created_online_match_batch_every_epoch(spark,
                 break
         for name in TPCH_SHAPES:
             assert eng.progress(name).state == "created", name
-            assert eng.read(name).count() > 0, name  # the data reach every query's filter
+            rows = eng.read(name).collect()  # the data reach every query's filter
+            assert rows and all(v is not None for v in rows[0]), (name, rows)
             assert eng.verify(name).count() == 0
     finally:
         eng.close()

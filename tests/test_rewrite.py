@@ -52,3 +52,16 @@ def test_comma_joins_take_their_equalities_from_where():
     # an explicit join is left as written
     assert rewrite("SELECT t.id FROM t LEFT JOIN d ON t.k = d.k WHERE t.v = d.k") == \
         "SELECT t.id FROM t LEFT JOIN d ON t.k = d.k WHERE t.v = d.k"
+
+
+def test_conditions_common_to_every_or_branch_are_factored_out():
+    out = rewrite("SELECT l_qty FROM lineitem, orders WHERE (o_orderkey = l_orderkey AND "
+                  "l_qty > 1 AND o_custkey = 2) OR (o_orderkey = l_orderkey AND l_qty > 9)")
+    assert out == ("SELECT l_qty FROM lineitem JOIN orders ON o_orderkey = l_orderkey "
+                   "WHERE (l_qty > 1 AND o_custkey = 2) OR l_qty > 9"), out
+    # a branch of common terms only makes the OR true
+    assert rewrite("SELECT id FROM t WHERE (v = 1 AND k = 2) OR v = 1 OR (k = 3 AND v = 1)") \
+        == "SELECT id FROM t WHERE v = 1"
+    # nothing in common: unchanged
+    assert rewrite("SELECT id FROM t WHERE (v = 1 AND k = 2) OR k = 3") == \
+        "SELECT id FROM t WHERE (v = 1 AND k = 2) OR k = 3"
