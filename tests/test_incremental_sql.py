@@ -583,7 +583,7 @@ def test_tpch_shapes_created_online_match_batch_every_epoch(spark, tmp_path):
     import datetime as dt
 
     rng = random.Random(5)
-    orders, parts = 300, 80
+    orders, parts = 200, 60
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
         for ddl in TPCH_DDL:
@@ -604,13 +604,13 @@ def test_tpch_shapes_created_online_match_batch_every_epoch(spark, tmp_path):
         eng.insert("orders", [{"o_orderkey": k, "o_orderpriority": rng.choice(priorities),
                                "o_orderdate": dt.date(1994, 1, 1)} for k in range(orders)])
         eng.insert("part", [_part(rng, k) for k in range(parts)])
-        dml(1500)
+        dml(1000)
         eng.step()
         for name, (sql, _) in TPCH_SHAPES.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill_chunk_rows = 800) AS "
                     + sql.format(lineitem="lineitem", orders="orders", part="part"))
         for n in range(40):
-            dml(60)
+            dml(40)
             report = eng.step()
             for name, (sql, tables) in TPCH_SHAPES.items():
                 if eng.progress(name).state == "created":
