@@ -55,6 +55,17 @@ FROM auction a JOIN bid b ON a.id = b.auction
 WHERE b.date_time BETWEEN a.date_time AND a.expires
 GROUP BY a.category;
 
+-- q17: auction statistics per day, with aggregates FILTER (WHERE ...)
+CREATE MATERIALIZED VIEW IF NOT EXISTS q17 AS
+SELECT auction, to_char(date_time, 'yyyy-MM-dd') AS day, count(*) AS total_bids,
+       count(*) FILTER (WHERE price < 10000) AS rank1_bids,
+       count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
+       count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
+       min(price) AS min_price, max(price) AS max_price, avg(price) AS avg_price,
+       sum(price) AS sum_price
+FROM bid
+GROUP BY auction, to_char(date_time, 'yyyy-MM-dd');
+
 -- a plain Delta table kept equal to q4 at every epoch (it starts writing
 -- once q4 is created)
 CREATE SINK IF NOT EXISTS q4_sink FROM q4

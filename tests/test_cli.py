@@ -154,8 +154,9 @@ def test_nexmark_example_runs_and_its_queries_match_batch(spark, tmp_path, monke
     with Engine(wh, spark=spark) as eng:
         assert eng.committed_epoch == 3
         assert {j.name: j.state for j in eng.progress()} == {
-            "q1": "created", "q2": "created", "q3": "created", "q4": "created"}
-        for mv in ("q1", "q2", "q3", "q4"):
+            "q1": "created", "q2": "created", "q3": "created", "q4": "created",
+            "q17": "created"}
+        for mv in ("q1", "q2", "q3", "q4", "q17"):
             assert eng.read(mv).count() > 0, mv
             for e in sorted({eng.relation(mv).ready_epoch, 3}):
                 assert eng.verify(mv, as_of=e).count() == 0, f"{mv} at epoch {e}"
