@@ -5,6 +5,10 @@ returns the same rows (as a multiset) as the original over any input — so the
 oracle may keep running the original SQL. The MV keeps the user's text; only the
 plan is built from the rewritten tree.
 
+- A derived table (``FROM (SELECT ...) AS s``) or a non-recursive CTE that only
+  filters and projects is merged into the query that reads it (sqlglot's
+  ``qualify`` and ``merge_subqueries``); one that cannot be merged leaves the
+  query as written.
 - ``ORDER BY`` without ``LIMIT``/``OFFSET`` is dropped: an MV is a set of rows.
 - ``agg(x) FILTER (WHERE c)`` becomes ``agg(CASE WHEN c THEN x END)`` (and
   ``count(*) FILTER (WHERE c)`` becomes ``count(CASE WHEN c THEN 1 END)``): every
@@ -25,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sqlglot import exp
+from sqlglot.optimizer.merge_subqueries import merge_subqueries
+from sqlglot.optimizer.qualify import qualify
 
 __all__ = ["rewrite_query", "ColumnsOf"]
 
@@ -35,13 +41,45 @@ ColumnsOf = Callable[[str], Sequence[str] | None]
 def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
-    query = query.copy()
+    query = _merge_derived_tables(query.copy(), columns_of)
     _drop_order(query)
     for select in list(query.find_all(exp.Select)):
         _filters_to_case(select)
         _factor_where(select)
         _comma_joins_to_inner(select, columns_of)
     return query
+
+
+def _merge_derived_tables(query: exp.Expr, columns_of: ColumnsOf | None) -> exp.Expr:
+    has_derived = _has_with(query) or any(
+        isinstance(node.parent, exp.From | exp.Join) for node in query.find_all(exp.Subquery))
+    if columns_of is None or not has_derived:
+        return query
+    schema: dict[str, object] = {}
+    for table in query.find_all(exp.Table):
+        columns = columns_of(table.name)
+        if columns is not None:
+            schema[table.name] = {c: "string" for c in columns}
+    try:
+        candidate = merge_subqueries(qualify(query.copy(), dialect="spark", schema=schema))
+    except Exception:  # noqa: BLE001 - not something qualify can resolve: as written
+        return query
+    if _has_with(candidate) or any(
+            True for _ in candidate.find_all(exp.Subquery)):
+        return query  # a derived table that does more than filter and project
+    # qualify lower-cases names (Spark's are case-insensitive); the MV's columns keep
+    # the names the user wrote
+    if isinstance(query, exp.Select) and isinstance(candidate, exp.Select) \
+            and not any(isinstance(e, exp.Star) or isinstance(e.unalias(), exp.Column)
+                        and isinstance(e.unalias().this, exp.Star) for e in query.expressions):
+        for item, out in zip(query.expressions, candidate.expressions, strict=True):
+            if item.alias_or_name:
+                out.replace(exp.alias_(out.unalias(), item.alias_or_name, quoted=True))
+    return candidate
+
+
+def _has_with(query: exp.Expr) -> bool:
+    return any(query.args.get(k) is not None for k in ("with", "with_"))
 
 
 def _drop_order(query: exp.Expr) -> None:

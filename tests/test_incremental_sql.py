@@ -277,10 +277,11 @@ def test_backfill_order_and_default_smaller_leaf_first(engine, spark):
 # --- unsupported SQL, EXPLAIN, VERIFY -------------------------------------------------------
 
 
-def test_filter_clauses_comma_joins_and_order_by_are_maintained_exactly(spark, tmp_path):
+def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
     """Shapes the planner compiles after a rewrite of the same meaning: aggregates
     with FILTER (WHERE ...), a comma join with its equality in WHERE, an ORDER BY
-    without LIMIT; created online while changes flow, checked at every epoch."""
+    without LIMIT, a derived table and a CTE that filter and project; created
+    online while changes flow, checked at every epoch."""
     rng = random.Random(11)
     eng = Engine(tmp_path / "wh", spark=spark)
     work, dims = start_workload(eng, spark, rng, key_space=600, rows=300)
@@ -290,6 +291,10 @@ def test_filter_clauses_comma_joins_and_order_by_are_maintained_exactly(spark, t
         "ob": ("SELECT g, count(*) AS c FROM {t} GROUP BY g ORDER BY c DESC, g", ["t"]),
         "fg": ("SELECT count(*) FILTER (WHERE s IS NULL) AS cn, "
                "min(v) FILTER (WHERE g < 3) AS mn FROM {t}", ["t"]),
+        "dt": ("SELECT q.g, count(*) AS C, sum(q.w) AS sw FROM "
+               "(SELECT g, v * 2 AS w FROM {t} WHERE v > 100) AS q GROUP BY q.g", ["t"]),
+        "ct": ("WITH x AS (SELECT id, g, v FROM {t} WHERE v % 2 = 0) "
+               "SELECT x.id, x.v, y.name FROM x JOIN {d} y ON x.g = y.g", ["t", "d"]),
     }
     try:
         for name, (sql, _) in shapes.items():
@@ -298,6 +303,8 @@ def test_filter_clauses_comma_joins_and_order_by_are_maintained_exactly(spark, t
         # the filtered aggregates' inputs are CASE WHEN expressions of the row stage
         rows = " ".join(sql for _, sql in eng.relation("fa").plan.rows)
         assert rows.count("CASE WHEN") == 4 and "FILTER" not in rows.upper(), rows
+        # the derived table's columns keep the names the user wrote
+        assert [c.name for c in eng.relation("dt").visible_columns] == ["g", "C", "sw"]
         for n in range(40):  # changes flow until every MV is created (3 epochs at least)
             work.random_epoch_dml()
             dim_dml(eng, rng, dims)

@@ -65,3 +65,18 @@ def test_conditions_common_to_every_or_branch_are_factored_out():
     # nothing in common: unchanged
     assert rewrite("SELECT id FROM t WHERE (v = 1 AND k = 2) OR k = 3") == \
         "SELECT id FROM t WHERE (v = 1 AND k = 2) OR k = 3"
+
+
+def test_derived_tables_and_ctes_that_filter_and_project_are_merged():
+    out = rewrite("SELECT s.k, count(*) AS C FROM (SELECT k, v * 2 AS w FROM t WHERE v > 1) AS s "
+                  "GROUP BY s.k")
+    assert "SELECT" not in out[6:] and "WHERE `t`.`v` > 1" in out and "AS `C`" in out, out
+    out = rewrite("WITH x AS (SELECT id, k FROM t WHERE v > 3) "
+                  "SELECT x.id, d.name FROM x JOIN d ON x.k = d.k")
+    assert "WITH" not in out and "JOIN `d`" in out and "`t`.`v` > 3" in out, out
+    # an aggregate below: left as written (the planner refuses the subquery)
+    sql = "SELECT s.k FROM (SELECT k, count(*) AS c FROM t GROUP BY k) AS s WHERE s.c > 2"
+    assert rewrite(sql) == sqlglot.parse_one(sql, read="spark").sql(dialect="spark")
+    # an unknown relation: left as written
+    sql = "SELECT s.id FROM (SELECT id FROM nowhere) AS s"
+    assert rewrite(sql) == sqlglot.parse_one(sql, read="spark").sql(dialect="spark")
