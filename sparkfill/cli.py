@@ -16,6 +16,7 @@ import argparse
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -295,8 +296,14 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .session import LOGS_ENV
+
     parser = argparse.ArgumentParser(prog="sparkfill",
                                      description="incremental materialized views on Spark")
+    parser.add_argument("--version", action="version", version=f"sparkfill {__version__}")
+    parser.add_argument("--spark-logs", action="store_true",
+                        help=f"keep Spark's own log output (the same as {LOGS_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run", help="run a pipeline file, then keep stepping epochs with a live display",
@@ -340,6 +347,10 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
     """Run one command; ``spark``: a SparkSession to use instead of building one
     (for embedding and tests)."""
     args = _parser().parse_args(argv)
+    if args.spark_logs:
+        from .session import LOGS_ENV
+
+        os.environ[LOGS_ENV] = "1"
     # not a terminal (a pipe, a log): wide lines rather than cut names
     console = Console() if sys.stdout.isatty() else Console(width=160)
     if args.command == "demo":

@@ -37,7 +37,8 @@ def test_help_and_bad_arguments(tmp_path):
     wh = tmp_path / "wh"
     cases = {
         # args: (exit code, text the output must hold)
-        ("--help",): (0, "run"),
+        ("--help",): (0, "--spark-logs"),
+        ("--version",): (0, "sparkfill "),
         ("run", "--help"): (0, "--until-idle"),
         ("sql", "--help"): (0, "STATEMENT"),
         ("status", "--help"): (0, "Read-only"),
