@@ -10,14 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UnknownRelation
+from .errors import SqlError, UnknownRelation
 from .meta_store import MetaStore, RelationRow
 from .options import BackfillOptions
 from .planner import MvPlan
 from .relation_store import StoredRelation
 from .schema import Column
 
-__all__ = ["Relation", "Catalog"]
+__all__ = ["Relation", "Catalog", "check_not_reserved"]
+
+
+def check_not_reserved(name: str) -> None:
+    """Refuse a user's relation name in the namespace of internal relations."""
+    if name.lower().startswith("__sf_"):
+        raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
 
 
 @dataclass(frozen=True)

@@ -80,16 +80,11 @@ def _status(warehouse: Path, console: Console) -> int:
         rows_ = conn.execute("SELECT id, name, rel_id, connector, path FROM sinks ORDER BY id"
                              ).fetchall()
         if rows_:
-            from deltalake import DeltaTable
-
-            from .sinks import APP_PREFIX
+            from .metadata import synced_epoch
 
             sinks = Table("sink", "from", "connector", "path", "epoch written")
             for sink_id, name, rel_id, connector, path in rows_:
-                try:
-                    written = DeltaTable(path).transaction_version(f"{APP_PREFIX}{sink_id}")
-                except Exception:  # noqa: BLE001 - status reports what it can read
-                    written = None
+                written = synced_epoch(path, sink_id)
                 sinks.add_row(name, names.get(rel_id, str(rel_id)), connector, path,
                               "" if written is None else str(written))
             console.print(sinks)

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from sqlglot import exp
 
 from .backfill import NotStarted, state_to_row
-from .catalog import Catalog, Relation
+from .catalog import Catalog, Relation, check_not_reserved
 from .coordinator import EpochCoordinator
 from .dml import DELETE, IDX, KIND, UPSERT, DmlStager
 from .errors import (
@@ -281,6 +281,11 @@ class Engine:
 
     # --- DML ------------------------------------------------------------------------------
 
+    def _see_writer_commits(self) -> None:
+        """A read-only engine reads the catalog the writer last committed."""
+        if self.read_only:
+            self.catalog.reload()
+
     def _writable(self, what: str) -> None:
         if self.read_only:
             raise WarehouseReadOnly(f"{what}: warehouse {self.path} is open read-only; "
@@ -339,8 +344,7 @@ class Engine:
     @_boundary
     def read(self, name: str, as_of: int | None = None) -> DataFrame:
         """The relation at the committed epoch (or ``as_of``, while retained)."""
-        if self.read_only:
-            self.catalog.reload()  # the writer's latest commits
+        self._see_writer_commits()
         rel = self.catalog.get(name)
         return self._snapshot(rel, self._epoch_for_read(rel, as_of))
 
@@ -350,8 +354,7 @@ class Engine:
         Spark session, under its own name, as of the committed epoch (or ``as_of``),
         so plain ``spark.sql`` reads them; returns the names registered. A view is
         a snapshot: call again after later epochs to see them."""
-        if self.read_only:
-            self.catalog.reload()
+        self._see_writer_commits()
         names = []
         for rel in self.catalog.all():
             if rel.kind == "state" or (rel.kind == "mv" and rel.state != "created"):
@@ -369,8 +372,7 @@ class Engine:
     @_boundary
     def progress(self, name: str | None = None) -> Any:
         """``JobProgress`` of one MV, or the list of every MV's."""
-        if self.read_only:
-            self.catalog.reload()  # the writer's latest commits
+        self._see_writer_commits()
         if name is None:
             return self.coordinator.jobs()
         rel = self.catalog.get(name)
@@ -385,10 +387,9 @@ class Engine:
         """Run one statement; queries return a DataFrame, other statements None
         (SHOW returns a DataFrame)."""
         cmd = parse_statement(statement)
-        if self.read_only:
-            if not isinstance(cmd, Show | Query | Explain | ExplainExisting | Verify):
-                self._writable(type(cmd).__name__)
-            self.catalog.reload()  # the writer's latest commits
+        if not isinstance(cmd, Show | Query | Explain | ExplainExisting | Verify):
+            self._writable(type(cmd).__name__)
+        self._see_writer_commits()
         handler = {
             CreateTable: self._create_table,
             CreateMaterializedView: self._create_mv,
@@ -439,8 +440,7 @@ class Engine:
         return dict(self._session_options)
 
     def _check_new_name(self, name: str) -> bool:
-        if name.lower().startswith("__sf_"):
-            raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
+        check_not_reserved(name)
         if self.catalog.find(name) is not None:
             return False
         return True

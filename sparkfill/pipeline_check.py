@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from .catalog import check_not_reserved
 from .errors import (
     CatalogError,
     RelationExists,
@@ -75,8 +76,7 @@ class _Catalog:
         return None if info is None else [c.name for c in info.columns if not c.hidden]
 
     def create(self, name: str, kind: str, info: LeafInfo, if_not_exists: bool) -> None:
-        if name.lower().startswith("__sf_"):
-            raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
+        check_not_reserved(name)
         if self.has(name):
             if if_not_exists:
                 return

@@ -6,6 +6,7 @@ VERIFY."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from helpers import assert_rows_equal, assert_same_rows
@@ -27,6 +28,21 @@ def check(eng, spark, mv: str, sql: str, tables: list[str], epoch: int) -> None:
     got = eng.read(mv, as_of=epoch)
     want = batch(spark, eng, sql, tables, epoch)
     assert_same_rows(got, want, label=f"MV {mv!r} at epoch {epoch}: {sql}")
+
+
+def step_checking_until_created(eng, spark, shapes: dict[str, tuple[str, list[str]]],
+                                dml: Callable[[], object], limit: int = 40) -> None:
+    """Epochs with ``dml()`` before each, until every MV of ``shapes`` is created (3
+    epochs at least, ``limit`` at most), each created MV checked against Spark's
+    batch query at every epoch."""
+    for n in range(limit):
+        dml()
+        report = eng.step()
+        for name, (sql, tables) in shapes.items():
+            if eng.progress(name).state == "created":
+                check(eng, spark, name, sql, tables, report.epoch)
+        if n >= 2 and all(eng.progress(m).state == "created" for m in shapes):
+            return
 
 
 # --- a grammar of supported shapes ---------------------------------------------------------
@@ -305,15 +321,8 @@ def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
         assert rows.count("CASE WHEN") == 4 and "FILTER" not in rows.upper(), rows
         # the derived table's columns keep the names the user wrote
         assert [c.name for c in eng.relation("dt").visible_columns] == ["g", "C", "sw"]
-        for n in range(40):  # changes flow until every MV is created (3 epochs at least)
-            work.random_epoch_dml()
-            dim_dml(eng, rng, dims)
-            report = eng.step()
-            for name, (sql, tables) in shapes.items():
-                if eng.progress(name).state == "created":
-                    check(eng, spark, name, sql, tables, report.epoch)
-            if n >= 2 and all(eng.progress(m).state == "created" for m in shapes):
-                break
+        step_checking_until_created(eng, spark, shapes, lambda: (
+            work.random_epoch_dml(), dim_dml(eng, rng, dims)))
         for name in shapes:
             assert eng.progress(name).state == "created", name
             assert eng.verify(name).count() == 0
@@ -616,14 +625,7 @@ def test_tpch_shapes_created_online_match_batch_every_epoch(spark, tmp_path):
         for name, (sql, _) in TPCH_SHAPES.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill_chunk_rows = 800) AS "
                     + sql.format(lineitem="lineitem", orders="orders", part="part"))
-        for n in range(40):
-            dml(40)
-            report = eng.step()
-            for name, (sql, tables) in TPCH_SHAPES.items():
-                if eng.progress(name).state == "created":
-                    check(eng, spark, name, sql, tables, report.epoch)
-            if n >= 2 and all(eng.progress(m).state == "created" for m in TPCH_SHAPES):
-                break
+        step_checking_until_created(eng, spark, TPCH_SHAPES, lambda: dml(40))
         for name in TPCH_SHAPES:
             assert eng.progress(name).state == "created", name
             rows = eng.read(name).collect()  # the data reach every query's filter
