@@ -80,7 +80,7 @@ def _status(warehouse: Path, console: Console) -> int:
         rows_ = conn.execute("SELECT id, name, rel_id, connector, path FROM sinks ORDER BY id"
                              ).fetchall()
         if rows_:
-            from .metadata import synced_epoch
+            from .sinks import synced_epoch
 
             sinks = Table("sink", "from", "connector", "path", "epoch written")
             for sink_id, name, rel_id, connector, path in rows_:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltalake import DeltaTable
-
 from .catalog import Catalog
 from .errors import SqlError
 from .meta_store import MetaStore
 from .planner import explain_plan
-from .sinks import APP_PREFIX
+from .sinks import synced_epoch
 
-__all__ = ["SHOW_COLUMNS", "show_rows", "show_schema", "synced_epoch", "explain_existing"]
+__all__ = ["SHOW_COLUMNS", "show_rows", "show_schema", "explain_existing"]
 
 #: the columns of each SHOW, with their Spark types
 SHOW_COLUMNS: dict[str, list[tuple[str, str]]] = {
@@ -38,15 +36,6 @@ SHOW_COLUMNS: dict[str, list[tuple[str, str]]] = {
 def show_schema(what: str) -> str:
     """``SHOW <what>``'s columns as a Spark DDL schema string."""
     return ", ".join(f"`{name}` {type_}" for name, type_ in SHOW_COLUMNS[what])
-
-
-def synced_epoch(path: str, sink_id: int) -> int | None:
-    """The epoch a sink's Delta table holds (its application transaction), if any."""
-    try:
-        version = DeltaTable(path).transaction_version(f"{APP_PREFIX}{sink_id}")
-    except Exception:  # noqa: BLE001 - a missing table has synced nothing
-        return None
-    return None if version is None else int(version)
 
 
 def show_rows(what: str, meta: MetaStore, catalog: Catalog) -> list[tuple[Any, ...]]:

@@ -45,9 +45,18 @@ from .relation_store import RelationStore
 from .schema import VNODE, VNODE_COUNT, arrow_type
 from .sources.base import opt_int, resolve_path
 
-__all__ = ["SinkManager", "APP_PREFIX"]
+__all__ = ["SinkManager", "APP_PREFIX", "synced_epoch"]
 
 APP_PREFIX = "sparkfill-sink-"
+
+
+def synced_epoch(path: str, sink_id: int) -> int | None:
+    """The epoch a sink's Delta table holds (its application transaction), if any."""
+    try:
+        version = DeltaTable(path).transaction_version(f"{APP_PREFIX}{sink_id}")
+    except Exception:  # noqa: BLE001 - a missing table has synced nothing
+        return None
+    return None if version is None else int(version)
 BUCKET = "sf_bucket"
 DEFAULT_BUCKETS = 16
 OPTIONS = ("connector", "path", "buckets", "vacuum_retention_hours")
@@ -150,11 +159,6 @@ class SinkManager:
                 return
             raise CatalogError(f"no sink named {cmd.name!r}")
         self.meta.drop_sink(sink.id)
-
-    def synced_epoch(self, sink: SinkRow) -> int | None:
-        from .metadata import synced_epoch
-
-        return synced_epoch(sink.path, sink.id)
 
     # --- syncing --------------------------------------------------------------------------
 
