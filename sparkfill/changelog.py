@@ -14,10 +14,11 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .relation_store import BEFORE_OPS, LIVE_OPS
-from .schema import EPOCH, OP, VNODE, vnode_expr
+from .schema import EPOCH, OP, VNODE, quoted, vnode_sql
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
-           "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes"]
+           "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes",
+           "image_sql"]
 
 
 def union_all(parts: Sequence[DataFrame]) -> DataFrame:
@@ -57,8 +58,9 @@ def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
     the key; the whole key by default) and ``_op``.
     """
     key = list(key)
-    b = before.select(*key, image(columns).alias(BEFORE))
-    a = after.select(*key, image(columns).alias(AFTER))
+    keys = [quoted(k) for k in key]
+    b = before.selectExpr(*keys, f"{image_sql(columns)} AS {BEFORE}")
+    a = after.selectExpr(*keys, f"{image_sql(columns)} AS {AFTER}")
     return changelog_of_pairs(b.join(a, key, "full_outer"), columns, dist_key or key)
 
 
@@ -69,7 +71,12 @@ BEFORE, AFTER = "_sf_b", "_sf_a"
 
 def image(columns: Sequence[str]) -> F.Column:
     """A row's columns as one struct: a before- or after-image for ``changelog_of_pairs``."""
-    return F.struct(*[F.col(c) for c in columns])
+    return F.expr(image_sql(columns))
+
+
+def image_sql(columns: Sequence[str]) -> str:
+    """``image`` as SQL text."""
+    return f"struct({', '.join(quoted(c) for c in columns)})"
 
 
 def changelog_of_pairs(pairs: DataFrame, columns: Sequence[str],
@@ -77,21 +84,19 @@ def changelog_of_pairs(pairs: DataFrame, columns: Sequence[str],
     """The changelog of rows given as (before-image, after-image) pairs, at most one
     pair per key, either image null when the row is absent on that side: ``+`` for a
     new row, ``-`` for a gone one, ``U-``/``U+`` for a changed one, nothing for an
-    unchanged one. Output: ``columns``, ``_vnode`` (the hash of ``dist_key``), ``_op``."""
-    changed = pairs.where(~F.col(BEFORE).eqNullSafe(F.col(AFTER)))
+    unchanged one. Output: ``columns``, ``_vnode`` (the hash of ``dist_key``), ``_op``.
+    Built as SQL text: a few driver calls, whatever the number of columns."""
+    def event(op: str, image: str) -> str:
+        return f"named_struct('op', '{op}', 'row', {image})"
 
-    def event(op: str, image: str) -> F.Column:
-        return F.struct(F.lit(op).alias("op"), F.col(image).alias("row"))
-
-    events = (
-        F.when(F.col(BEFORE).isNull(), F.array(event("+", AFTER)))
-        .when(F.col(AFTER).isNull(), F.array(event("-", BEFORE)))
-        .otherwise(F.array(event("U-", BEFORE), event("U+", AFTER)))
-    )
-    out = changed.select(F.explode(events).alias("_sf_ev"))
-    out = out.select(*[F.col(f"_sf_ev.row.{c}").alias(c) for c in columns],
-                     F.col("_sf_ev.op").alias(OP))
-    return out.withColumn(VNODE, vnode_expr(list(dist_key))).select(*columns, VNODE, OP)
+    events = (f"CASE WHEN {BEFORE} IS NULL THEN array({event('+', AFTER)}) "
+              f"WHEN {AFTER} IS NULL THEN array({event('-', BEFORE)}) "
+              f"ELSE array({event('U-', BEFORE)}, {event('U+', AFTER)}) END")
+    out = pairs.where(f"NOT ({BEFORE} <=> {AFTER})").selectExpr(f"explode({events}) AS _sf_ev")
+    row = {c: f"_sf_ev.row.{quoted(c)}" for c in columns}
+    return out.selectExpr(*[f"{row[c]} AS {quoted(c)}" for c in columns],
+                          f"{vnode_sql([row[k] for k in dist_key])} AS {VNODE}",
+                          f"_sf_ev.op AS {OP}")
 
 
 def span_change(log_rows: DataFrame, columns: Sequence[str],

@@ -85,7 +85,9 @@ class EpochAppends:
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
                tag: int | None = None) -> Appended | None:
         tag = self.epoch if tag is None else tag
-        written = self.store.append(rel.stored, tag, delta, rows_hint)
+        # a state table's touched keys drive its operator's lookups: on the driver
+        written = self.store.append(rel.stored, tag, delta, rows_hint,
+                                    collect_keys=rel.kind == "state")
         if written is None:
             return None
         self.deltas[rel.id] = written.delta

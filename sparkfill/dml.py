@@ -27,8 +27,9 @@ from pyspark.sql import types as T
 from .catalog import Relation
 from .changelog import consolidate, touched_vnodes
 from .errors import DataError, UnknownColumn
+from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
-from .relation_store import RelationStore
+from .relation_store import KEY_VALUES, RelationStore
 from .schema import VNODE, arrow_type, spark_type, vnode_expr
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
@@ -255,9 +256,16 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
         first_keys: list[Any] | None = sorted({r[1] for r in found if r[1] is not None})
     else:
         vnodes, first_keys = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key))), None
-    old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys).join(
-        F.broadcast(keys), key, "left_semi").select(*cols)
-    store.spark_jobs += 2  # the touched keys' collect, the broadcast of the keys
+    store.spark_jobs += 1  # the touched keys' collect
+    if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
+            and values_in(key[0], first_keys) is not None:
+        # the keys are known on the driver: a filter of the lookup, no broadcast job
+        old = store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
+                           first_keys=first_keys).select(*cols)
+    else:
+        old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys).join(
+            F.broadcast(keys), key, "left_semi").select(*cols)
+        store.spark_jobs += 1  # the broadcast of the keys
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)
     return consolidate(old, new, cols, key)
 

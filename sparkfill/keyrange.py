@@ -26,7 +26,7 @@ from .schema import (
 
 __all__ = [
     "Position", "END", "le", "gt", "between", "position_struct", "key_struct", "covered",
-    "LAST_VNODE",
+    "LAST_VNODE", "values_in", "sql_literal",
 ]
 
 LAST_VNODE = VNODE_COUNT - 1
@@ -95,6 +95,30 @@ def covered(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
         below = key_struct(key_columns) <= F.element_at(bounds, F.col(VNODE))
         cond = cond | (vnode_in(list(positions)) & below)
     return cond
+
+
+def sql_literal(value: Any) -> str | None:
+    """``value`` as a Spark SQL literal, for the types a key lookup filters by (None:
+    another type). A string with a quote or a backslash is written as the UTF-8 of
+    a binary literal, so it reads the same whatever the parser's escaping rules."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        if "'" in value or "\\" in value:
+            return f"CAST(X'{value.encode('utf-8').hex()}' AS STRING)"
+        return f"'{value}'"
+    return None
+
+
+def values_in(column: str, values: Sequence[Any]) -> SparkColumn | None:
+    """``column IN (values...)`` as one SQL expression, the values as literals (None:
+    a value has no literal form here, or there are none: filter another way)."""
+    literals = [sql_literal(v) for v in values]
+    if not literals or any(lit is None for lit in literals):
+        return None
+    return F.expr(f"`{column}` IN ({', '.join(str(lit) for lit in literals)})")
 
 
 def vnode_in(vnodes: Sequence[int]) -> SparkColumn:

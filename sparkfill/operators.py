@@ -12,8 +12,10 @@ A stateful operator recomputes only the partitions — join keys, groups — tha
 the epoch's changes touch: the old rows from its state at ``e-1``, the new rows
 from that state with the changes applied; the difference of the two is the
 output. Reads of a state table are pruned to the touched partitions' vnodes and
-filtered by a broadcast of the touched keys, so an epoch's work follows its
-changes, not the size of the state (global aggregates, one partition, excepted).
+filtered by the touched keys — values the state table's write observed, so the
+filter is part of the read's own Spark job (a broadcast job only for a Δ with
+more than ``KEY_VALUES`` keys) — so an epoch's work follows its changes, not the
+size of the state (global aggregates, one partition, excepted).
 
 A state table's Δ is appended (``emit``) as soon as it is computed, in one Spark
 job that also observes the vnodes it touched; the operator reads it back from
@@ -40,6 +42,7 @@ from .changelog import (
     image,
     union_all,
 )
+from .keyrange import values_in
 from .planner import (
     GROUP_KEY,
     GROUP_OF_ROW,
@@ -135,6 +138,14 @@ def _group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
     return _json_key([_normalized(g, types) for g in group])
 
 
+def _touched_keys(written: Sequence[Appended], column: str) -> tuple[object, ...] | DataFrame:
+    """The distinct ``column`` values of state-table Δs: on the driver when each
+    write observed them, else a frame of them."""
+    if all(w.keys is not None for w in written):
+        return tuple(sorted({k for w in written for k in (w.keys or ())}, key=str))
+    return union_all([w.delta.select(column) for w in written]).distinct()
+
+
 class MvDataflow:
     """Runs one MV's operators for one epoch."""
 
@@ -218,16 +229,14 @@ class MvDataflow:
             return None
         if plan.join.how == "inner":
             return self._inner_join_change(plan, leaves, states, written, epoch)
-        keys = union_all([w.delta.select(JOIN_KEY) for w in moved]).distinct()
+        keys = _touched_keys(moved, JOIN_KEY)
         # each side's state is distributed by join key: the Δs' vnodes are the keys'
         vnodes = sorted({v for w in moved for v in w.vnodes})
         olds, news = [], []
         for side, state in enumerate(states):
             leaf_cols = [c.name for c in leaves[side].columns]
-            old = (self.store.snapshot(state.stored, epoch - 1, vnodes=vnodes)
-                   .join(F.broadcast(keys), JOIN_KEY, "left_semi")
+            old = (self.store.lookup(state.stored, epoch - 1, keys, vnodes=vnodes)
                    .select(*[c.name for c in state.columns]))
-            self.store.spark_jobs += side == 0  # both sides share one broadcast of the keys
             mine = written[side]
             new = old if mine is None else self._apply(old, mine.delta, state)
             olds.append(old.select(*leaf_cols))
@@ -249,10 +258,8 @@ class MvDataflow:
             other = 1 - side
             state = states[other]
             state_cols = [c.name for c in state.columns]
-            keys = mine.delta.select(JOIN_KEY).distinct()
-            rows = (self.store.snapshot(state.stored, epoch - 1, vnodes=mine.vnodes)
-                    .join(F.broadcast(keys), JOIN_KEY, "left_semi").select(*state_cols))
-            self.store.spark_jobs += 1  # the broadcast of the keys
+            rows = (self.store.lookup(state.stored, epoch - 1, _touched_keys([mine], JOIN_KEY),
+                                      vnodes=mine.vnodes).select(*state_cols))
             theirs = written[other]
             if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
                 rows = self._apply(rows, theirs.delta, state)
@@ -305,11 +312,10 @@ class MvDataflow:
         delta = written.delta
         if spec.running is not None:
             return self._aggregate_running(mv, spec, agg_state, written, epoch)
-        groups = delta.select(GROUP_OF_ROW).distinct()
         # the state is distributed by group: the Δ's vnodes are the touched groups'
-        old_input = (self.store.snapshot(agg_state.stored, epoch - 1, vnodes=written.vnodes)
-                     .join(F.broadcast(groups), GROUP_OF_ROW, "left_semi").select(*cols))
-        self.store.spark_jobs += 1  # the broadcast of the groups
+        old_input = self.store.lookup(agg_state.stored, epoch - 1,
+                                      _touched_keys([written], GROUP_OF_ROW),
+                                      vnodes=written.vnodes).select(*cols)
         new_input = self._apply(old_input, delta, agg_state)
         return consolidate(self.evaluate(mv, plan, old_input),
                            self.evaluate(mv, plan, new_input), names, mv.key)
@@ -352,10 +358,9 @@ class MvDataflow:
         # the old values: the MV's rows of the touched groups (distributed by group),
         # each with its whole row as the before-image of the group's change
         hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
-        old = (self.store.snapshot(mv.stored, epoch - 1, vnodes=written.vnodes)
-               .join(F.broadcast(delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()),
-                     GROUP_KEY, "left_semi"))
-        self.store.spark_jobs += 1  # the broadcast of the groups
+        touched = written.keys if written.keys is not None else \
+            delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()
+        old = self.store.lookup(mv.stored, epoch - 1, touched, vnodes=written.vnodes)
         joined = partial.join(
             old.select(F.col(GROUP_KEY).alias(GROUP_OF_ROW),
                        *[F.col(c.name).alias(f"_sf_old{c.name}") for c in hidden],
@@ -401,13 +406,14 @@ class MvDataflow:
                 GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW])).collect()]
             self.store.spark_jobs += 1
             if lost_groups:
-                groups = [g for g, _ in lost_groups]
+                groups = sorted({g for g, _ in lost_groups})
                 cols = [c.name for c in agg_state.columns]
-                old_input = (self.store.snapshot(agg_state.stored, epoch - 1,
-                                                 vnodes=sorted({v for _, v in lost_groups}))
-                             .where(F.col(GROUP_OF_ROW).isin(*groups)).select(*cols))
-                new_input = self._apply(
-                    old_input, delta.where(F.col(GROUP_OF_ROW).isin(*groups)), agg_state)
+                old_input = self.store.lookup(agg_state.stored, epoch - 1, groups,
+                                              vnodes=sorted({v for _, v in lost_groups})
+                                              ).select(*cols)
+                in_groups = values_in(GROUP_OF_ROW, groups)
+                assert in_groups is not None  # JSON strings
+                new_input = self._apply(old_input, delta.where(in_groups), agg_state)
                 recomputed = self._group_values(spec, new_input).withColumn(
                     GROUP_OF_ROW, _group_json(spec.group, row_types)).join(
                     updated.select(GROUP_OF_ROW, BEFORE), GROUP_OF_ROW)

@@ -37,10 +37,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
+from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .keyrange import Position, gt, vnode_in
+from .keyrange import Position, gt, values_in, vnode_in
 from .meta_store import MetaStore
 from .schema import (
     EPOCH,
@@ -49,12 +50,16 @@ from .schema import (
     Column,
     physical_arrow_schema,
     physical_struct,
+    quoted,
 )
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
-           "BEFORE_OPS", "OPS"]
+           "BEFORE_OPS", "OPS", "KEY_VALUES"]
 
 APP_ID = "sparkfill"
+#: a Δ with at most this many distinct first-key values brings them to the driver
+#: (observed in its write), so the lookups they drive are filters, not broadcast jobs
+KEY_VALUES = 10_000
 LIVE_OPS = ("+", "U+")
 BEFORE_OPS = ("-", "U-")
 OPS = ("+", "-", "U-", "U+")
@@ -116,6 +121,10 @@ class Appended:
     counts: dict[str, int]
     vnodes: tuple[int, ...]
     delta: DataFrame
+    #: the distinct values of the first key column (the distribution key of a state
+    #: table), observed while it was written when asked for and at most ``KEY_VALUES``;
+    #: None: not known on the driver (look them up from ``delta``)
+    keys: tuple[Any, ...] | None = None
 
     @property
     def rows(self) -> int:
@@ -230,6 +239,7 @@ class RelationStore:
         vnodes: Sequence[int] | None = None,
         files: Sequence[DataFile] | None = None,
         first_keys: Sequence[Any] | None = None,
+        where: SparkColumn | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -237,7 +247,9 @@ class RelationStore:
         files at ``epoch``, when the caller resolved them (no meta-store access).
         ``first_keys`` (sorted): a lookup's values of the first key column; files
         whose key range holds none of them are skipped too (the caller still
-        filters the rows by its keys)."""
+        filters the rows by its keys). ``where``: a narrow filter of the rows (a
+        lookup of a few keys); base and log rows then merge in the read's own job,
+        not through a broadcast of the log's keys."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
         if first_keys is not None:
@@ -253,20 +265,46 @@ class RelationStore:
             selected = [f for f in selected
                         if any(f.vnode_min <= v <= f.vnode_max for v in wanted)]
             cond = cond & (vnode_in(wanted) if wanted else F.lit(False))
+        if where is not None:
+            cond = cond & where
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
-        base_df = self._read(rel, base).where(cond).select(*out_cols)
+        base_rows = self._read(rel, base).where(cond)
+        base_df = base_rows.select(*out_cols)
         if not log:
             return base_df
         log_df = self._read(rel, log).where(
             cond & (F.col(EPOCH) > F.lit(base_epoch)) & (F.col(EPOCH) <= F.lit(epoch)))
+        if where is not None and base:
+            # few rows: the latest change per key over base and log, in the read's job
+            log_df = base_rows.unionByName(log_df)
         latest = latest_per_key(log_df, list(rel.key))
-        if not base:
+        if not base or where is not None:
             return latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols)
         unchanged = base_df.join(F.broadcast(latest.select(*rel.key)), list(rel.key), "left_anti")
         self.spark_jobs += 1  # the broadcast, when the read runs
         return unchanged.unionByName(latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols))
+
+    def lookup(self, rel: StoredRelation, epoch: int, keys: Sequence[Any] | DataFrame,
+               vnodes: Sequence[int] | None = None,
+               first_keys: Sequence[Any] | None = None) -> DataFrame:
+        """Live rows at ``epoch`` whose first key column holds one of ``keys``: values
+        known on the driver (a filter of the read, no job of its own) or a frame of
+        them in that column (a broadcast semi-join, one job). ``vnodes``: theirs, so
+        only the files of those vnodes are read."""
+        column = rel.key[0]
+        if not isinstance(keys, DataFrame):
+            if not keys:
+                return self.snapshot(rel, epoch, files=[])
+            where = values_in(column, keys)
+            if where is not None:
+                return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys,
+                                     where=where)
+            keys = self.spark.createDataFrame([(k,) for k in keys], [column])
+        self.spark_jobs += 1  # the broadcast of the keys
+        return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys).join(
+            F.broadcast(keys.select(column)), column, "left_semi")
 
     def changelog(self, rel: StoredRelation, after_epoch: int, upto_epoch: int) -> DataFrame:
         """Log rows with ``after_epoch < _epoch <= upto_epoch`` (the log store)."""
@@ -294,10 +332,10 @@ class RelationStore:
 
     def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str, rows: int,
                      register: bool = True, observation: Observation | None = None,
-                     ) -> list[AddAction | RemoveAction]:
+                     key_column: str | None = None) -> list[AddAction | RemoveAction]:
         """Write ``df`` as sorted Parquet files under ``subdir`` (one Spark job; with
         ``observation``, the written rows are counted per ``_op`` and their vnodes
-        collected in the same job)."""
+        (and the distinct values of ``key_column``) collected in the same job)."""
         table_path = self.path(rel)
         out = table_path / subdir
         n_files = max(1, math.ceil(rows / self.target_file_rows))
@@ -310,7 +348,8 @@ class RelationStore:
         ordered = ordered.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
         if observation is not None:
             # after the exchange: a range partitioner's sampling job does not run it
-            ordered = ordered.observe(observation, *_delta_metrics())
+            ordered = ordered.observe(observation, *_delta_metrics(key_column),
+                                      *_file_metrics([VNODE, EPOCH, rel.key[0]]))
         if register:
             self.meta.add_pending_dir(rel.id, str(out))
         ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
@@ -319,27 +358,35 @@ class RelationStore:
         actions: list[AddAction | RemoveAction] = []
         first_key = rel.key[0]
         now_ms = int(time.time() * 1000)
-        for part in sorted(out.glob("part-*.parquet")):
-            stats = _file_stats(part, [VNODE, EPOCH, first_key])
+        parts = sorted(out.glob("part-*.parquet"))
+        for part in parts:
+            # one file: its statistics were observed while it was written
+            stats = (_observed_stats(observation.get, [VNODE, EPOCH, first_key])
+                     if observation is not None and len(parts) == 1
+                     else _file_stats(part, [VNODE, EPOCH, first_key]))
             actions.append(AddAction(str(part.relative_to(table_path)), part.stat().st_size, {},
                                      now_ms, True, json.dumps(stats, default=str)))
         return actions
 
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
-               rows_hint: int) -> Appended | None:
+               rows_hint: int, collect_keys: bool = False) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
         job; None when it is empty (nothing is committed). ``rows_hint``: about how
-        many rows it holds (it sets the number of files). Idempotent per epoch: a
-        retried append finds the files the first one committed."""
+        many rows it holds (it sets the number of files). ``collect_keys``: bring the
+        first key column's distinct values to the driver (``Appended.keys``) when
+        there are at most ``KEY_VALUES``. Idempotent per epoch: a retried append
+        finds the files the first one committed."""
         table_path = str(self.path(rel))
         dt = DeltaTable(table_path)
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
-            return self._appended(rel, epoch, int(dt.version()))
+            return self._appended(rel, epoch, int(dt.version()), collect_keys)
         subdir = f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
         observation = Observation(f"sf_append_{uuid.uuid4().hex}")
+        # the set is collected whole: only for a Δ expected small
+        key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
         actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
-                                    rows_hint, observation=observation)
-        counts, vnodes = _observed(observation.get)
+                                    rows_hint, observation=observation, key_column=key_column)
+        counts, vnodes, keys = _observed(observation.get)
         out = self.path(rel) / subdir
         if not sum(counts.values()):
             shutil.rmtree(out, ignore_errors=True)
@@ -353,19 +400,21 @@ class RelationStore:
         self.meta.remove_pending_dir(str(out))
         files = [str(table_path / Path(a.path)) for a in actions if isinstance(a, AddAction)]
         return Appended(_committed_version(table_path), counts, vnodes,
-                        self._read_delta(rel, files))
+                        self._read_delta(rel, files), keys)
 
-    def _appended(self, rel: StoredRelation, epoch: int, version: int) -> Appended | None:
+    def _appended(self, rel: StoredRelation, epoch: int, version: int,
+                  collect_keys: bool) -> Appended | None:
         """The append of ``epoch`` that an earlier attempt committed (recovery)."""
         prefix = f"log/e{epoch:010d}-"
         files = [f.uri for f in self.files(rel, version) if f.path.startswith(prefix)]
         if not files:
             return None
         delta = self._read_delta(rel, files)
-        stats = delta.agg(*_delta_metrics()).collect()[0].asDict()
+        stats = delta.agg(*_delta_metrics(rel.key[0] if collect_keys else None)
+                          ).collect()[0].asDict()
         self.spark_jobs += 1
-        counts, vnodes = _observed(stats)
-        return Appended(version, counts, vnodes, delta)
+        counts, vnodes, keys = _observed(stats)
+        return Appended(version, counts, vnodes, delta, keys)
 
     def _read_delta(self, rel: StoredRelation, uris: Sequence[str]) -> DataFrame:
         """A written changelog read back from its files (not counted as a state read)."""
@@ -456,21 +505,53 @@ def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
             .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
 
 
-def _delta_metrics() -> list[Any]:
-    """Rows per ``_op`` and the distinct vnodes of a changelog, as aggregate columns."""
-    return [*[F.expr(f"sum(CAST({OP} = '{op}' AS BIGINT)) AS op{i}") for i, op in enumerate(OPS)],
-            F.expr(f"collect_set({VNODE}) AS vnodes")]
+def _delta_metrics(key_column: str | None = None) -> list[Any]:
+    """Rows per ``_op``, the distinct vnodes of a changelog and, with ``key_column``,
+    that column's distinct values, as aggregate columns."""
+    metrics = [*[F.expr(f"sum(CAST({OP} = '{op}' AS BIGINT)) AS op{i}")
+                 for i, op in enumerate(OPS)],
+               F.expr(f"collect_set({VNODE}) AS vnodes")]
+    if key_column is not None:
+        metrics.append(F.expr(f"collect_set(`{key_column}`) AS key_values"))
+    return metrics
 
 
-def _observed(values: dict[str, Any]) -> tuple[dict[str, int], tuple[int, ...]]:
+def _observed(values: dict[str, Any],
+              ) -> tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None]:
     counts = {op: int(values.get(f"op{i}") or 0) for i, op in enumerate(OPS)}
+    keys = values.get("key_values")
     return ({op: n for op, n in counts.items() if n},
-            tuple(sorted(int(v) for v in values.get("vnodes") or ())))
+            tuple(sorted(int(v) for v in values.get("vnodes") or ())),
+            None if keys is None or len(keys) > KEY_VALUES else tuple(keys))
 
 
 def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:
     value = action.get(f"{which}.{col}")
     return default if value is None else value
+
+
+def _file_metrics(columns: Sequence[str]) -> list[Any]:
+    """The rows, and each column's min, max and nulls, as aggregate columns."""
+    metrics = [F.expr("count(1) AS _st_rows")]
+    for i, col in enumerate(columns):
+        metrics += [F.expr(f"min({quoted(col)}) AS _st_min{i}"),
+                    F.expr(f"max({quoted(col)}) AS _st_max{i}"),
+                    F.expr(f"count_if({quoted(col)} IS NULL) AS _st_null{i}")]
+    return metrics
+
+
+def _observed_stats(values: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """Delta statistics of a file from ``_file_metrics`` observed while it was
+    written (min and max kept for integers and strings, as ``_file_stats``)."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for i, col in enumerate(columns):
+        lo, hi = values.get(f"_st_min{i}"), values.get(f"_st_max{i}")
+        if isinstance(lo, int | str) and not isinstance(lo, bool) and hi is not None:
+            mins[col], maxs[col], nulls[col] = lo, hi, int(values.get(f"_st_null{i}") or 0)
+    return {"numRecords": int(values["_st_rows"]), "minValues": mins, "maxValues": maxs,
+            "nullCount": nulls}
 
 
 def _file_stats(path: Path, columns: Sequence[str]) -> dict[str, Any]:

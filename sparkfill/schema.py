@@ -25,6 +25,8 @@ from .errors import SqlError
 
 __all__ = [
     "Column",
+    "quoted",
+    "vnode_sql",
     "VNODE",
     "EPOCH",
     "OP",
@@ -175,7 +177,17 @@ def physical_arrow_schema(columns: Sequence[Column]) -> pa.Schema:
 
 def vnode_expr(key: Sequence[str]) -> SparkColumn:
     """``pmod(xxhash64(key...), 256)``: the fixed hash partition of a key."""
-    return F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(VNODE_COUNT)).cast("int")
+    return F.expr(vnode_sql([quoted(k) for k in key]))
+
+
+def vnode_sql(key_sql: Sequence[str]) -> str:
+    """``vnode_expr`` as SQL text over the key's expressions (SQL text each)."""
+    return f"CAST(pmod(xxhash64({', '.join(key_sql)}), {VNODE_COUNT}) AS INT)"
+
+
+def quoted(name: str) -> str:
+    """A column name as a SQL identifier (backquoted)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 # --- key values persisted in progress -----------------------------------------------------
