@@ -39,7 +39,7 @@ from .changelog import (
     before_images,
     changelog_of_pairs,
     consolidate,
-    image,
+    image_sql,
     union_all,
 )
 from .keyrange import values_in
@@ -53,7 +53,7 @@ from .planner import (
     running_count_column,
 )
 from .relation_store import BEFORE_OPS, LIVE_OPS, Appended, RelationStore
-from .schema import OP, vnode_expr
+from .schema import OP, quoted, vnode_expr
 
 __all__ = ["Change", "change_of", "DataflowResult", "Emit", "MvDataflow"]
 
@@ -124,18 +124,29 @@ def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
     return F.to_json(F.struct(*[c.alias(f"k{i}") for i, c in enumerate(columns)]))
 
 
-def _normalized(name: str, types: dict[str, str]) -> SparkColumn:
-    """A group column as Spark groups it: -0.0 is 0.0."""
-    col = F.col(name)
+def _normalized_sql(name: str, types: dict[str, str]) -> str:
+    """A group column as Spark groups it: -0.0 is 0.0 (SQL text)."""
+    col = quoted(name)
     if types.get(name) in ("double", "float"):
-        return F.when(col == 0, F.lit(0.0).cast(types[name])).otherwise(col)
+        return f"CASE WHEN {col} = 0 THEN CAST(0.0 AS {types[name]}) ELSE {col} END"
     return col
 
 
-def _group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
+def _normalized(name: str, types: dict[str, str]) -> SparkColumn:
+    return F.expr(_normalized_sql(name, types))
+
+
+def _group_json_sql(group: Sequence[str], types: dict[str, str]) -> str:
     """A group's values as JSON: the aggregate MV's key and its state's partition
-    (-0.0 and 0.0 are one group: their JSON agrees too)."""
-    return _json_key([_normalized(g, types) for g in group])
+    (-0.0 and 0.0 are one group: their JSON agrees too), as SQL text."""
+    if not group:
+        return "'{}'"
+    fields = ", ".join(f"'k{i}', {_normalized_sql(g, types)}" for i, g in enumerate(group))
+    return f"to_json(named_struct({fields}))"
+
+
+def _group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
+    return F.expr(_group_json_sql(group, types))
 
 
 def _touched_keys(written: Sequence[Appended], column: str) -> tuple[object, ...] | DataFrame:
@@ -338,23 +349,25 @@ class MvDataflow:
         names = [c.name for c in mv.columns]
         types = {c.name: c.type for c in mv.columns}
         row_types = {c.name: c.type for c in agg_state.columns}
-        weight = _weight()
-        parts = [F.sum(weight).alias("_sf_d")]
+        q = quoted
+        # the signed input Δ summed per group, as SQL text (one driver call for all)
+        weight = f"(CASE WHEN {OP} IN ('+', 'U+') THEN 1 ELSE -1 END)"
+        parts = [f"sum({weight}) AS _sf_d"]
         for name, kind, arg in spec.running:
-            x = F.col(arg) if arg else F.lit(1)  # count(*) counts every row
+            x = q(arg) if arg else "1"  # count(*) counts every row
             if kind == "count":
-                parts.append(F.sum(F.when(x.isNotNull(), weight)).alias(f"{name}_d"))
+                parts.append(
+                    f"sum(CASE WHEN {x} IS NOT NULL THEN {weight} END) AS {q(name + '_d')}")
             elif kind == "count_if":
-                parts.append(F.sum(F.when(x, weight)).alias(f"{name}_d"))
+                parts.append(f"sum(CASE WHEN {x} THEN {weight} END) AS {q(name + '_d')}")
             elif kind == "sum":
-                parts += [F.sum(weight * x).alias(f"{name}_d"),
-                          F.sum(F.when(x.isNotNull(), weight)).alias(f"{name}_dn")]
+                parts += [f"sum({weight} * {x}) AS {q(name + '_d')}",
+                          f"sum(CASE WHEN {x} IS NOT NULL THEN {weight} END) AS {q(name + '_dn')}"]
             else:
-                extreme = F.max if kind == "max" else F.min
-                parts += [extreme(F.when(weight > 0, x)).alias(f"{name}_in"),
-                          extreme(F.when(weight < 0, x)).alias(f"{name}_out")]
-        partial = delta.groupBy(GROUP_OF_ROW).agg(
-            *[F.first(_normalized(g, row_types)).alias(g) for g in spec.group], *parts)
+                parts += [f"{kind}(CASE WHEN {weight} > 0 THEN {x} END) AS {q(name + '_in')}",
+                          f"{kind}(CASE WHEN {weight} < 0 THEN {x} END) AS {q(name + '_out')}"]
+        firsts = [F.first(_normalized(g, row_types)).alias(g) for g in spec.group]
+        partial = delta.groupBy(GROUP_OF_ROW).agg(*firsts, *[F.expr(p) for p in parts])
         # the old values: the MV's rows of the touched groups (distributed by group),
         # each with its whole row as the before-image of the group's change
         hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
@@ -362,39 +375,38 @@ class MvDataflow:
             delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()
         old = self.store.lookup(mv.stored, epoch - 1, touched, vnodes=written.vnodes)
         joined = partial.join(
-            old.select(F.col(GROUP_KEY).alias(GROUP_OF_ROW),
-                       *[F.col(c.name).alias(f"_sf_old{c.name}") for c in hidden],
-                       image(names).alias(BEFORE)),
+            old.selectExpr(f"{GROUP_KEY} AS {GROUP_OF_ROW}",
+                           *[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
+                           f"{image_sql(names)} AS {BEFORE}"),
             GROUP_OF_ROW, "left")
 
-        def was(column: str) -> SparkColumn:
-            return F.col(f"_sf_old{column}")
+        def was(column: str) -> str:
+            return q(f"_sf_old{column}")
 
-        new: list[SparkColumn] = [(F.coalesce(was(GROUP_ROWS), F.lit(0)) + F.col("_sf_d"))
-                                  .alias(GROUP_ROWS)]
-        retracted: list[SparkColumn] = []
+        def d(column: str) -> str:
+            return f"coalesce({q(column)}, 0)"
+
+        new = [f"coalesce({was(GROUP_ROWS)}, 0) + _sf_d AS {GROUP_ROWS}"]
+        retracted: list[str] = []
         for name, kind, _ in spec.running:
             if kind in ("count", "count_if"):
-                value = F.coalesce(was(name), F.lit(0)) + F.coalesce(F.col(f"{name}_d"), F.lit(0))
+                value = f"coalesce({was(name)}, 0) + {d(name + '_d')}"
             elif kind == "sum":
                 non_null = running_count_column(name)
-                n = F.coalesce(was(non_null), F.lit(0)) + F.coalesce(F.col(f"{name}_dn"), F.lit(0))
-                new.append(n.alias(non_null))
-                value = F.when(n == 0, F.lit(None)).otherwise(
-                    F.coalesce(was(name), F.lit(0)) + F.coalesce(F.col(f"{name}_d"), F.lit(0)))
+                n = f"(coalesce({was(non_null)}, 0) + {d(name + '_dn')})"
+                new.append(f"{n} AS {q(non_null)}")
+                value = (f"CASE WHEN {n} = 0 THEN NULL "
+                         f"ELSE coalesce({was(name)}, 0) + {d(name + '_d')} END")
             else:
-                arriving, leaving = F.col(f"{name}_in"), F.col(f"{name}_out")
-                beats = (arriving >= was(name)) if kind == "max" else (arriving <= was(name))
-                lost = (leaving >= was(name)) if kind == "max" else (leaving <= was(name))
-                retracted.append(F.coalesce(lost, F.lit(False))
-                                 & ~F.coalesce(beats, F.lit(False)))
-                value = (F.greatest if kind == "max" else F.least)(was(name), arriving)
-            new.append(value.cast(types[name]).alias(name))
-        recompute = F.lit(False)
-        for flag in retracted:
-            recompute = recompute | flag
-        updated = joined.select(GROUP_OF_ROW, *spec.group, *new,
-                                recompute.alias("_sf_recompute"), BEFORE)
+                arriving, leaving = q(f"{name}_in"), q(f"{name}_out")
+                cmp = ">=" if kind == "max" else "<="
+                retracted.append(f"(coalesce({leaving} {cmp} {was(name)}, FALSE) AND NOT "
+                                 f"coalesce({arriving} {cmp} {was(name)}, FALSE))")
+                value = f"{'greatest' if kind == 'max' else 'least'}({was(name)}, {arriving})"
+            new.append(f"CAST({value} AS {types[name]}) AS {q(name)}")
+        updated = joined.selectExpr(GROUP_OF_ROW, *[q(g) for g in spec.group], *new,
+                                    f"{' OR '.join(retracted) or 'FALSE'} AS _sf_recompute",
+                                    BEFORE)
         value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
                       *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
         new_values = updated
@@ -425,12 +437,12 @@ class MvDataflow:
         new_values = new_values.select(*value_cols)
         # a group's change: its old row (the before-image) against its new values
         # (none when its last row left)
-        live = self._outputs(mv, spec, new_values.where(F.col(GROUP_ROWS) > 0), row_types,
+        live = self._outputs(mv, spec, new_values.where(f"{GROUP_ROWS} > 0"), row_types,
                              carry=(BEFORE,))
-        pairs = live.select(GROUP_KEY, BEFORE, image(names).alias(AFTER)).unionByName(
-            new_values.where(F.col(GROUP_ROWS) <= 0).select(
-                F.col(GROUP_OF_ROW).alias(GROUP_KEY), BEFORE,
-                F.lit(None).cast(live.schema[BEFORE].dataType).alias(AFTER)))
+        pairs = live.selectExpr(GROUP_KEY, BEFORE, f"{image_sql(names)} AS {AFTER}").unionByName(
+            new_values.where(f"{GROUP_ROWS} <= 0").selectExpr(
+                f"{GROUP_OF_ROW} AS {GROUP_KEY}", BEFORE,
+                f"IF(FALSE, {BEFORE}, NULL) AS {AFTER}"))  # a null of the image's type
         return changelog_of_pairs(pairs, names, mv.key)
 
     @staticmethod
@@ -450,13 +462,13 @@ class MvDataflow:
         """The MV's rows (visible outputs, group key, hidden running values) from
         per-group values, and the ``carry`` columns of ``grouped`` as they are."""
         if spec.having:
-            grouped = grouped.where(F.expr(spec.having))
+            grouped = grouped.where(spec.having)
         types = {c.name: c.type for c in mv.columns}
-        out = [F.expr(sql).cast(types[name]).alias(name) for name, sql in spec.outputs]
-        key = _group_json(spec.group, group_types).alias(GROUP_KEY)
-        hidden = [F.col(c.name).cast(c.type).alias(c.name) for c in mv.columns
+        out = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}" for name, sql in spec.outputs]
+        key = f"{_group_json_sql(spec.group, group_types)} AS {GROUP_KEY}"
+        hidden = [f"CAST({quoted(c.name)} AS {c.type}) AS {quoted(c.name)}" for c in mv.columns
                   if c.hidden and c.name != GROUP_KEY]
-        return grouped.select(*out, key, *hidden, *carry)
+        return grouped.selectExpr(*out, key, *hidden, *[quoted(c) for c in carry])
 
     def evaluate(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
         """The aggregate's output rows over its input ``rows``: the MV's columns."""

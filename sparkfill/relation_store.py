@@ -40,6 +40,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from .keyrange import Position, gt, values_in, vnode_in
 from .meta_store import MetaStore
@@ -345,7 +346,7 @@ class RelationStore:
                    else df.repartitionByRange(n_files, VNODE, *rel.key))
         ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
         schema = physical_struct(rel.columns)
-        ordered = ordered.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+        ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
         if observation is not None:
             # after the exchange: a range partitioner's sampling job does not run it
             ordered = ordered.observe(observation, *_delta_metrics(key_column),
@@ -528,6 +529,13 @@ def _observed(values: dict[str, Any],
 def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:
     value = action.get(f"{which}.{col}")
     return default if value is None else value
+
+
+def _cast_sql(field: T.StructField) -> str:
+    """``CAST(column AS type) AS column`` as SQL text (one driver call for a whole
+    row, where a Column per field costs several)."""
+    name = quoted(field.name)
+    return f"CAST({name} AS {field.dataType.simpleString()}) AS {name}"
 
 
 def _file_metrics(columns: Sequence[str]) -> list[Any]:
