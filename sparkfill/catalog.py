@@ -42,8 +42,14 @@ class Relation:
     plan: MvPlan | None = None
     options: BackfillOptions | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: a state table: the MV that owns it
+    #: a state table, or an internal MV (a link of a join chain): the MV that owns it
     owner: int | None = None
+
+    @property
+    def internal(self) -> bool:
+        """A relation sparkfill made for an MV (a state table, a join-chain link):
+        not the user's to name, read or drop."""
+        return self.kind == "state" or self.owner is not None
 
     @property
     def stored(self) -> StoredRelation:
@@ -99,7 +105,7 @@ class Catalog:
         rel = self._by_name.get(name.lower())
         if rel is None:
             known = ", ".join(sorted(r.name for r in self._by_name.values()
-                                     if r.kind != "state")) or "none"
+                                     if not r.internal)) or "none"
             raise UnknownRelation(f"no table or materialized view named {name!r} (known: {known})")
         return rel
 
@@ -117,8 +123,23 @@ class Catalog:
         return sorted(self._by_name.values(), key=lambda r: r.id)
 
     def dependents(self, name: str) -> list[Relation]:
-        return [r for r in self.all()
-                if any(u.lower() == name.lower() for u in r.upstreams)]
+        """The MVs that read ``name`` (a join-chain link as the user's MV that owns it)."""
+        found: dict[int, Relation] = {}
+        for r in self.all():
+            if any(u.lower() == name.lower() for u in r.upstreams):
+                user = self.get_by_id(r.owner) if r.owner is not None else r
+                found.setdefault(user.id, user)
+        return list(found.values())
+
+    def internals_of(self, mv: Relation) -> list[Relation]:
+        """The links of an MV's join chain (internal MVs it owns), upstream first."""
+        return [r for r in self.all() if r.kind == "mv" and r.owner == mv.id]
+
+    def is_waiting(self, mv: Relation) -> bool:
+        """A creating MV whose backfill waits for an upstream MV that is still being
+        created (a join chain's links are created one after another)."""
+        return mv.kind == "mv" and mv.state == "creating" and any(
+            leaf.kind == "mv" and leaf.state != "created" for leaf in self.leaves_of(mv))
 
     def states_of(self, mv: Relation) -> list[Relation]:
         """An MV's state tables, in the order its plan names them."""

@@ -28,7 +28,7 @@ import shutil
 import statistics
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -274,8 +274,11 @@ class EpochCoordinator:
         for rel in self.catalog.all():
             if rel.kind == "state":
                 continue  # computed with its MV
+            if self.catalog.is_waiting(rel):
+                continue  # its backfill starts once its upstream MVs are created
             if rel.kind == "mv" and rel.state == "creating" and rel.options is not None \
                     and rel.options.strategy == "snapshot":
+                rel = self._start_snapshot_job(rel, epoch)
                 with self.store.reading_for(rel.name):
                     step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
                 progress.extend(step.progress)
@@ -347,6 +350,19 @@ class EpochCoordinator:
                            backfill_rows={self.catalog.get_by_id(k).name: v
                                           for k, v in chunk_rows.items()},
                            spark_jobs=spark_jobs, warnings=warnings)
+
+    def _start_snapshot_job(self, mv: Relation, epoch: int) -> Relation:
+        """A snapshot job that waited for its upstream MVs takes its snapshot now (as
+        of the last committed epoch, where they are complete), not as of its
+        creation; a job that has started keeps its snapshot."""
+        if mv.created_epoch >= epoch - 1 or self.snapshots.has_started(mv) or not any(
+                leaf.kind == "mv" and (leaf.ready_epoch or 0) > mv.created_epoch
+                for leaf in self.catalog.leaves_of(mv)):
+            return mv
+        with self.meta.transaction() as conn:
+            self.meta.set_created_epoch(conn, mv.id, epoch - 1)
+        self.catalog.reload()
+        return self.catalog.get_by_id(mv.id)
 
     def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
                   appends: EpochAppends, plan: dict[str, Any], epoch: int,
@@ -487,6 +503,21 @@ class EpochCoordinator:
         return sum(r.rows for r in self.meta.progress(mv.id))
 
     def job_progress(self, mv: Relation) -> JobProgress:
+        """An MV's job; one with a join chain counts its links' rows too and shows
+        the state, rate and ETA of the part that runs now (links first)."""
+        own = self._job_progress(mv)
+        links = self.catalog.internals_of(mv)
+        if not links or mv.state == "created":
+            return own
+        parts = [*[self._job_progress(link) for link in links], own]
+        active = next(p for p in parts if p.state != "created")
+        done = sum(p.rows_done for p in parts)
+        return replace(active, name=mv.name, rows_done=done,
+                       rows_total_estimate=max(done, sum(p.rows_total_estimate for p in parts)),
+                       eta_seconds=None if active is not own else own.eta_seconds,
+                       vnodes_done=own.vnodes_done)
+
+    def _job_progress(self, mv: Relation) -> JobProgress:
         assert mv.options is not None
         if mv.options.strategy == "snapshot" and mv.state == "creating":
             return self.snapshots.progress(mv)
@@ -518,6 +549,7 @@ class EpochCoordinator:
                            vnodes_done=vnodes, paused=paused, stalled=stalled)
 
     def jobs(self) -> list[JobProgress]:
-        return [self.job_progress(r) for r in self.catalog.all() if r.kind == "mv"]
+        return [self.job_progress(r) for r in self.catalog.all()
+                if r.kind == "mv" and not r.internal]
 
 

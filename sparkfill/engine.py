@@ -64,11 +64,14 @@ from .frontend import (
     Verify,
     parse_statement,
 )
+from .join_chain import explain_chain, plan_chain
 from .lock import WriterLock
 from .meta_store import MetaStore, SourceRow
 from .metadata import explain_existing, show_rows, show_schema
 from .options import WAREHOUSE_OPTIONS, resolve_options
-from .planner import LeafInfo, check_supported, explain_plan, plan_materialized_view
+from .planner import (
+    LeafInfo,
+)
 from .progress import EpochReport
 from .relation_store import RelationStore
 from .session import build_spark_session
@@ -216,7 +219,7 @@ class Engine:
             pass
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating" and rel.options \
-                    and rel.options.strategy == "snapshot":
+                    and rel.options.strategy == "snapshot" and not self.catalog.is_waiting(rel):
                 self.coordinator.snapshots.start(rel)
 
     def _restart_job(self, rel: Relation) -> None:
@@ -357,7 +360,7 @@ class Engine:
         self._see_writer_commits()
         names = []
         for rel in self.catalog.all():
-            if rel.kind == "state" or (rel.kind == "mv" and rel.state != "created"):
+            if rel.internal or (rel.kind == "mv" and rel.state != "created"):
                 continue
             epoch = self.meta.committed_epoch if as_of is None else int(as_of)
             if epoch < rel.created_epoch or (rel.ready_epoch or 0) > epoch:
@@ -376,6 +379,8 @@ class Engine:
         if name is None:
             return self.coordinator.jobs()
         rel = self.catalog.get(name)
+        if rel.internal:
+            raise UnknownRelation(f"no materialized view named {name!r}")
         if rel.kind != "mv":
             raise SqlError(f"{name!r} is a table; progress is kept for materialized views")
         return self.coordinator.job_progress(rel)
@@ -414,19 +419,27 @@ class Engine:
                       extra: Callable[[Any], None] | None = None) -> None:
         """Create a relation (and an MV's state tables, or a source's dead-letter
         table) in one meta-store transaction; ``extra`` writes more in it."""
+        self._new_relations([(rel, list(states))], extra)
+
+    def _new_relations(self, groups: Sequence[tuple[Relation, Sequence[Relation]]],
+                       extra: Callable[[Any], None] | None = None) -> None:
+        """Create relations, each with the relations it owns, in one meta-store
+        transaction (all or none)."""
         created: list[str] = []
+        every = [r for rel, owned in groups for r in (rel, *owned)]
         try:
             versions = []
-            for r in (rel, *states):
+            for r in every:
                 versions.append(self.store.create(r.dir, r.columns))
                 created.append(r.dir)
             with self.meta.transaction() as conn:
-                for r, version in zip((rel, *states), versions, strict=True):
+                for r, version in zip(every, versions, strict=True):
                     self.meta.add_relation(conn, r.to_row(), version)
-                if rel.kind == "mv":
-                    for leaf in range(len(rel.upstreams)):
-                        self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None,
-                                                                  leaf))
+                for rel, _ in groups:
+                    if rel.kind == "mv":
+                        for leaf in range(len(rel.upstreams)):
+                            self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(),
+                                                                      None, leaf))
                 if extra is not None:
                     extra(conn)
         except BaseException:
@@ -480,42 +493,57 @@ class Engine:
             if cmd.if_not_exists:
                 return None
             raise RelationExists(f"a relation named {cmd.name!r} already exists")
-        select = check_supported(cmd.query, self._columns_of)
         options = resolve_options(self._session_options, cmd.options)
-        planned = plan_materialized_view(self.spark, select, self._leaf_info, cmd.name)
-        leaf_names = {n.lower() for lf in planned.plan.leaves for n in (lf.alias, lf.relation)}
+        # plan every link of the join chain and the MV before anything is created
+        links, planned = plan_chain(self.spark, cmd.name, cmd.query, self._columns_of,
+                                    self._leaf_info)
+        leaf_names = {n.lower() for p in (*[lp for _, lp in links], planned)
+                      for lf in p.plan.leaves for n in (lf.alias, lf.relation)}
         unknown = [n for n in options.backfill_order if n.lower() not in leaf_names]
         if unknown:
             raise InvalidOption(f"backfill_order names {', '.join(map(repr, unknown))}, which "
                                 f"{cmd.name!r} does not read; it reads "
                                 f"{', '.join(lf.alias for lf in planned.plan.leaves)}")
-        rel_id = self.meta.next_relation_id()
-        states = [Relation(
-            id=rel_id + 1 + i, name=f"__sf_{cmd.name}_{d.role}", kind="state",
-            columns=d.columns, key=d.key, state="created",
-            created_epoch=self.meta.committed_epoch,
-            dir=f"{rel_id + 1 + i:06d}-{cmd.name}-{d.role}", owner=rel_id)
-            for i, d in enumerate(planned.states)]
-        plan = replace(planned.plan, states=tuple(r.name for r in states))
-        self._new_relation(Relation(
-            id=rel_id, name=cmd.name, kind="mv", columns=tuple(planned.columns),
-            key=tuple(planned.key), state="creating", created_epoch=self.meta.committed_epoch,
-            dir=f"{rel_id:06d}-{cmd.name}", sql=cmd.query_sql, plan=plan, options=options),
-            states)
+        first_id = self.meta.next_relation_id()
+        owner_id = first_id + sum(1 + len(lp.states) for _, lp in links)
+        epoch = self.meta.committed_epoch
+        groups: list[tuple[Relation, list[Relation]]] = []
+        next_id = first_id
+        for link, sql in [*[(lp, lk.query.sql(dialect="spark")) for lk, lp in links],
+                          (planned, cmd.query_sql)]:
+            name = cmd.name if link is planned else links[len(groups)][0].name
+            rel_id = next_id
+            states = [Relation(
+                id=rel_id + 1 + i, name=f"__sf_{name.removeprefix('__sf_')}_{d.role}",
+                kind="state", columns=d.columns, key=d.key, state="created",
+                created_epoch=epoch, dir=f"{rel_id + 1 + i:06d}-{name}-{d.role}", owner=rel_id)
+                for i, d in enumerate(link.states)]
+            plan = replace(link.plan, states=tuple(r.name for r in states))
+            groups.append((Relation(
+                id=rel_id, name=name, kind="mv", columns=tuple(link.columns),
+                key=tuple(link.key), state="creating", created_epoch=epoch,
+                dir=f"{rel_id:06d}-{name}", sql=sql, plan=plan, options=options,
+                owner=None if link is planned else owner_id), states))
+            next_id += 1 + len(states)
+        assert groups[-1][0].id == owner_id
+        self._new_relations(groups)
         if options.strategy == "snapshot":
-            self.coordinator.snapshots.start(self.catalog.get(cmd.name))
+            for rel, _ in groups:
+                created = self.catalog.get_by_id(rel.id)
+                if not self.catalog.is_waiting(created):
+                    self.coordinator.snapshots.start(created)
         return None
 
     def _columns_of(self, name: str) -> list[str] | None:
         """A table's or MV's visible column names (None: no such relation)."""
         rel = self.catalog.find(name)
-        if rel is None or rel.kind == "state":
+        if rel is None or rel.internal:
             return None
         return [c.name for c in rel.visible_columns]
 
     def _leaf_info(self, name: str) -> LeafInfo:
         rel = self.catalog.get(name)
-        if rel.kind == "state":
+        if rel.internal:
             raise UnknownRelation(f"no table or materialized view named {name!r}")
         if rel.kind == "mv" and rel.state != "created":
             raise UnsupportedQuery(
@@ -525,7 +553,7 @@ class Engine:
 
     def _drop(self, cmd: Drop) -> None:
         rel = self.catalog.find(cmd.name)
-        if rel is None:
+        if rel is None or rel.internal:
             if cmd.if_exists:
                 return None
             raise UnknownRelation(f"no {'table' if cmd.kind == 'table' else 'materialized view'}"
@@ -551,30 +579,39 @@ class Engine:
                     f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
         ids = {r.id for r in (rel, *owned)}
         staged = [b.path for b in self.meta.staged() if b.rel_id in ids]
-        states = [*self.catalog.states_of(rel), *owned]
-        if rel.kind == "mv":
-            self.coordinator.snapshots.stop(rel.id, self.coordinator.snapshots.job_dir(rel))
+        # an MV goes with its join chain's links; each MV with its state tables
+        mvs = [rel, *reversed(self.catalog.internals_of(rel))] if rel.kind == "mv" else []
+        states = [*[st for mv in mvs for st in self.catalog.states_of(mv)], *owned]
+        for mv in mvs:
+            self.coordinator.snapshots.stop(mv.id, self.coordinator.snapshots.job_dir(mv))
+        dropped = [*(mvs or [rel]), *states]
         with self.meta.transaction() as conn:
-            for r in (rel, *states):
+            for r in dropped:
                 self.meta.drop_relation(conn, r.id)
-        for r in (rel, *states):
+        for r in dropped:
             self.store.delete(r.dir)
         self.stager.remove_applied(staged)
-        self.coordinator.scan.forget(rel.id)
+        for mv in mvs:
+            self.coordinator.scan.forget(mv.id)
         self.catalog.reload()
         return None
 
     def _alter_mv(self, cmd: AlterMaterializedView) -> None:
         rel = self.catalog.get(cmd.name)
+        if rel.internal:
+            raise UnknownRelation(f"no materialized view named {cmd.name!r}")
         if rel.kind != "mv" or rel.options is None:
             raise SqlError(f"{cmd.name!r} is a table; ALTER MATERIALIZED VIEW needs an MV")
         options = rel.options.altered(cmd.option, cmd.value)
-        definition = rel.definition()
-        definition["options"] = options.to_json()
+        mvs = [rel, *self.catalog.internals_of(rel)]  # the links follow their MV
         with self.meta.transaction() as conn:
-            self.meta.update_definition(conn, rel.id, definition)
+            for mv in mvs:
+                definition = mv.definition()
+                definition["options"] = options.to_json()
+                self.meta.update_definition(conn, mv.id, definition)
         self.catalog.reload()
-        self.coordinator.snapshots.set_rate_limit(rel.id, options.rate_limit)
+        for mv in mvs:
+            self.coordinator.snapshots.set_rate_limit(mv.id, options.rate_limit)
         return None
 
     def _cancel_jobs(self, cmd: CancelJobs) -> None:
@@ -689,15 +726,9 @@ class Engine:
         return self.spark.createDataFrame([(line,) for line in text.splitlines()], "plan string")
 
     def _plan_text(self, cmd: CreateMaterializedView) -> str:
-        select = check_supported(cmd.query, self._columns_of)
-        planned = plan_materialized_view(self.spark, select, self._leaf_info, cmd.name)
-        names = tuple(f"__sf_{cmd.name}_{d.role}" for d in planned.states)
-        plan = replace(planned.plan, states=names)
-        lines = [explain_plan(cmd.name, plan, planned.key)]
-        for name, d in zip(names, planned.states, strict=True):
-            lines.append(f"state {name}: key=({', '.join(d.key)}) "
-                         f"vnode=hash({', '.join(d.dist_key)})")
-        return "\n".join(lines)
+        links, planned = plan_chain(self.spark, cmd.name, cmd.query, self._columns_of,
+                                    self._leaf_info)
+        return explain_chain([*[(link.name, p) for link, p in links], (cmd.name, planned)])
 
     @_boundary
     def explain(self, statement: str) -> str:

@@ -241,6 +241,11 @@ class MetaStore:
         conn.execute("INSERT INTO relation_versions(rel_id, epoch, version) VALUES (?, ?, ?)",
                      (rel_id, epoch, version))
 
+    def set_created_epoch(self, conn: sqlite3.Connection, rel_id: int, epoch: int) -> None:
+        """Move a creating MV's start to ``epoch`` (a job that waited for its upstream
+        MVs starts from their first complete epoch)."""
+        conn.execute("UPDATE relations SET created_epoch = ? WHERE id = ?", (epoch, rel_id))
+
     # --- versions -------------------------------------------------------------------------
 
     def version_at(self, rel_id: int, epoch: int) -> int | None:

@@ -48,7 +48,7 @@ def show_rows(what: str, meta: MetaStore, catalog: Catalog) -> list[tuple[Any, .
                  ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
     if what == "materialized views":
         return [(r.name, r.state, r.options.strategy if r.options else None, r.row_count,
-                 r.sql) for r in rels if r.kind == "mv"]
+                 r.sql) for r in rels if r.kind == "mv" and not r.internal]
     if what == "sinks":
         rows = []
         for s in meta.sinks():
@@ -59,14 +59,16 @@ def show_rows(what: str, meta: MetaStore, catalog: Catalog) -> list[tuple[Any, .
         return rows
     jobs: list[tuple[Any, ...]] = []
     for r in rels:
-        if r.kind != "mv":
+        if r.kind != "mv" or r.internal:
             continue
-        done = sum(p.rows for p in meta.progress(r.id))
+        # an MV's job includes its join chain's links (created one after another)
+        done = sum(p.rows for mv in (*catalog.internals_of(r), r) for p in meta.progress(mv.id))
         if r.state == "created":
             jobs.append((r.name, r.options.strategy if r.options else None, "created", done,
                          done, 0.0, 0.0))
             continue
-        total = max(done, sum(leaf.row_count for leaf in catalog.leaves_of(r)))
+        total = max(done, sum(leaf.row_count for mv in (*catalog.internals_of(r), r)
+                              for leaf in catalog.leaves_of(mv)))
         paused = r.options is not None and r.options.rate_limit == 0
         jobs.append((r.name, r.options.strategy if r.options else None,
                      "paused" if paused else "backfilling", done, total, None, None))
@@ -77,9 +79,16 @@ def explain_existing(catalog: Catalog, name: str) -> str:
     """The operator plan of an existing MV, from its stored plan, with its state
     tables' keys (``EXPLAIN MATERIALIZED VIEW name``)."""
     rel = catalog.get(name)
-    if rel.kind != "mv" or rel.plan is None:
+    if rel.kind != "mv" or rel.plan is None or rel.internal:
         raise SqlError(f"{rel.name!r} is not a materialized view")
-    lines = [explain_plan(rel.name, rel.plan, rel.key)]
-    for state in catalog.states_of(rel):
-        lines.append(f"state {state.name}: key=({', '.join(state.key)})")
+    chain = [*catalog.internals_of(rel), rel]
+    lines = []
+    for i, mv in enumerate(chain):
+        assert mv.plan is not None
+        if len(chain) > 1:
+            role = f"link {i + 1} of the join chain" if i < len(chain) - 1 else "the MV"
+            lines.append(f"-- {role}: {mv.name}")
+        lines.append(explain_plan(mv.name, mv.plan, mv.key))
+        for state in catalog.states_of(mv):
+            lines.append(f"state {state.name}: key=({', '.join(state.key)})")
     return "\n".join(lines)

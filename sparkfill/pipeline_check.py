@@ -37,9 +37,10 @@ from .frontend import (
     Update,
     Verify,
 )
+from .join_chain import plan_chain
 from .options import resolve_options
 from .pipeline import Statement
-from .planner import LeafInfo, check_supported, plan_materialized_view
+from .planner import LeafInfo
 
 __all__ = ["check_pipeline"]
 
@@ -115,9 +116,8 @@ def _check(engine: Any, catalog: _Catalog, cmd: Any) -> None:
                 and create.if_not_exists:
             return
         resolve_options(engine.session_options(), create.options)
-        planned = plan_materialized_view(
-            engine.spark, check_supported(create.query, catalog.columns_of), catalog.leaf,
-            create.name)
+        _, planned = plan_chain(engine.spark, create.name, create.query, catalog.columns_of,
+                                catalog.leaf)
         if isinstance(cmd, CreateMaterializedView):
             catalog.create(create.name, "mv", LeafInfo(
                 create.name, tuple(planned.columns), tuple(planned.key)), False)

@@ -283,9 +283,6 @@ def _check_shape(query: exp.Expr) -> exp.Query:
         if not isinstance(rel, exp.Table) or isinstance(rel.this, exp.Func):
             raise UnsupportedQuery("FROM a subquery or a table function is not supported; "
                                    "create an MV for the subquery and select from it")
-    if len(joins) > 1:
-        raise UnsupportedQuery("an MV joins at most two relations; for more, create an MV "
-                               "of the first join and join it with the next relation")
     for j in joins:
         kind = (j.args.get("kind") or "").upper()
         side = (j.args.get("side") or "").upper()

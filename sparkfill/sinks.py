@@ -102,7 +102,7 @@ class SinkManager:
                 return
             raise CatalogError(f"a sink named {cmd.name!r} already exists")
         rel = catalog.get(cmd.source)
-        if rel.kind == "state":
+        if rel.internal:
             raise UnknownRelation(f"no table or materialized view named {cmd.source!r}")
         opts = {k.lower(): v for k, v in cmd.options.items()}
         for k in opts:

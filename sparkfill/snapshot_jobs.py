@@ -75,6 +75,10 @@ class SnapshotJobs:
         rows = self.meta.progress(mv.id)
         return not rows or any(r.state != "done" for r in rows)
 
+    def has_started(self, mv: Relation) -> bool:
+        """Whether phase 1 was ever started (its plan, and so its snapshot, fixed)."""
+        return mv.id in self.threads or (self.job_dir(mv) / "plan.json").exists()
+
     def start(self, mv: Relation) -> None:
         """Start (or resume, from its checkpoints) phase 1 of ``mv``'s job."""
         assert mv.options is not None

@@ -349,8 +349,8 @@ UNSUPPORTED = [
      "ON a.order_id = b.order_id", ("full outer join",)),
     ("non_equi_join", "SELECT a.order_id FROM orders a JOIN orders b ON a.amount < b.amount",
      ("non-equi",)),
-    ("three_way_join", "SELECT a.order_id FROM orders a JOIN orders b ON a.order_id = b.order_id "
-     "JOIN orders c ON a.order_id = c.order_id", ("at most two",)),
+    ("chain_non_equi", "SELECT a.order_id FROM orders a JOIN orders b ON a.order_id = "
+     "b.order_id JOIN orders c ON a.amount < c.amount", ("non-equi",)),
     ("order_by_limit", "SELECT order_id FROM orders ORDER BY amount LIMIT 3", ("limit",)),
     ("cross_join", "SELECT a.order_id FROM orders a, orders b WHERE a.amount < b.amount",
      ("cross join",)),

@@ -1,0 +1,273 @@
+"""Joins of three or more relations as a chain of two-way joins.
+
+Invariant: ``split_joins`` returns queries whose composition returns exactly the
+rows of the original query over any input. A query ``FROM a0 JOIN a1 ON c1 JOIN
+a2 ON c2 ... JOIN an ON cn`` becomes internal MVs
+
+    j1 = SELECT <columns of a0, a1> FROM a0 JOIN a1 ON c1 [WHERE <its filters>]
+    jk = SELECT <columns of a0..ak> FROM j(k-1) JOIN ak ON ck [WHERE <its filters>]
+
+and the MV itself reads ``j(n-1) JOIN an ON cn`` with the rest of the query (the
+chain rule: the incremental form of a composition is the composition of the
+incremental forms; each link is a two-way join the dataflow maintains). Joins
+are left-deep in the order written; a ``LEFT JOIN`` stays a ``LEFT JOIN`` at its
+link. A ``WHERE`` conjunct moves down to the first link that holds all the
+relations it reads, while every join up to that link is inner (below a LEFT
+JOIN a filter would change which rows are null-extended). Internal columns are
+named ``<alias>__<column>``; the MV's own output names do not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from pyspark.sql import SparkSession
+from sqlglot import exp
+
+from .errors import UnsupportedQuery
+from .planner import LeafInfo, PlannedMv, check_supported, explain_plan, plan_materialized_view
+
+__all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
+
+#: a relation's visible column names (None: unknown relation)
+ColumnsOf = Callable[[str], Sequence[str] | None]
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One internal MV of a join chain: its name and its two-way join query."""
+
+    name: str
+    query: exp.Select
+
+
+def internal_name(mv_name: str, link: int) -> str:
+    """The name of link ``link`` (1-based) of ``mv_name``'s join chain."""
+    return f"__sf_{mv_name}_join{link}"
+
+
+def _conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
+    if expr is None:
+        return []
+    return list(expr.flatten()) if isinstance(expr, exp.And) else [expr]
+
+
+def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
+                ) -> tuple[list[ChainLink], exp.Select] | None:
+    """The links of ``select``'s join chain and the MV's query over the last link;
+    None when it joins at most two relations."""
+    if len(select.args.get("joins") or []) < 2:
+        return None
+    select = select.copy()
+    joins = list(select.args["joins"])
+    from_ = select.args.get("from_") or select.args.get("from")
+    assert from_ is not None
+    tables = [from_.this, *[j.this for j in joins]]
+    aliases = [t.alias_or_name for t in tables]
+    columns = {}
+    for t, alias in zip(tables, aliases, strict=True):
+        cols = columns_of(t.name)
+        if cols is None:
+            return None  # an unknown relation: the planner says so
+        columns[alias.lower()] = list(cols)
+    _expand_stars(select, aliases, columns)
+    _qualify(select, aliases, columns)
+
+    def alias_index(col: exp.Column) -> int | None:
+        table = col.table.lower() if col.table else None
+        for i, a in enumerate(aliases):
+            if table == a.lower():
+                return i
+        return None
+
+    def reads(node: exp.Expr) -> set[int]:
+        found = set()
+        for col in node.find_all(exp.Column):
+            i = alias_index(col)
+            if i is not None:
+                found.add(i)
+        return found
+
+    def columns_read(nodes: Sequence[exp.Expr]) -> list[tuple[int, str]]:
+        """The relations' columns ``nodes`` read, in order of first use."""
+        found: list[tuple[int, str]] = []
+        seen: set[tuple[int, str]] = set()
+        for node in nodes:
+            for col in node.find_all(exp.Column):
+                i = alias_index(col)
+                if i is not None and (i, col.name.lower()) not in seen:
+                    seen.add((i, col.name.lower()))
+                    found.append((i, col.name))
+        return found
+
+    used = columns_read([select])
+
+    def internal_column(i: int, name: str) -> str:
+        return f"{aliases[i]}__{name}"
+
+    for k, join in enumerate(joins, start=1):
+        if not any(isinstance(c, exp.EQ) and isinstance(c.this, exp.Column)
+                   and isinstance(c.expression, exp.Column)
+                   and {alias_index(c.this), alias_index(c.expression)} & {k}
+                   and any(i is not None and i < k
+                           for i in (alias_index(c.this), alias_index(c.expression)))
+                   for c in _conjuncts(join.args.get("on"))):
+            raise UnsupportedQuery(
+                f"the join condition {join.args['on'].sql(dialect='spark')} has no equality "
+                f"between a column of {aliases[k]} and a column of the relations before it; "
+                "non-equi joins are not supported")
+    names = [internal_column(i, c).lower() for i, c in used]
+    if len(set(names)) != len(names):
+        raise UnsupportedQuery("the join's columns cannot be given distinct internal names; "
+                               "rename the relations' aliases")
+
+    # WHERE conjuncts, each at the first link holding what it reads (inner joins only)
+    where = select.args.get("where")
+    remaining = _conjuncts(where.this if where is not None else None)
+    pushed: dict[int, list[exp.Expr]] = {}
+    inner_upto = 0  # links 1..inner_upto are all inner joins
+    for k, join in enumerate(joins, start=1):
+        if (join.args.get("side") or "").upper():
+            break
+        inner_upto = k
+    kept = []
+    for cond in remaining:
+        if cond.find(exp.AggFunc, exp.Subquery, exp.Select) is not None:
+            kept.append(cond)
+            continue
+        link = max(max(reads(cond), default=0), 1)
+        if link <= min(inner_upto, len(joins) - 1):
+            pushed.setdefault(link, []).append(cond)
+        else:
+            kept.append(cond)
+
+    def rewrite(node: exp.Expr, link: int) -> exp.Expr:
+        """``node`` over link ``link``'s inputs: columns of relations before its new
+        relation read from the previous link (``__j``; the first link reads both
+        relations themselves)."""
+        def swap(n: exp.Expr) -> exp.Expr:
+            if isinstance(n, exp.Column):
+                i = alias_index(n)
+                if i is not None and i < link and link > 1:
+                    return exp.column(internal_column(i, n.name), table="__j", quoted=True)
+            return n
+        return node.copy().transform(swap)
+
+    # what is evaluated above each link: later joins' conditions, later links' filters
+    # and the MV's own clauses
+    top_clauses = [*select.expressions, *kept,
+                   *[select.args[a] for a in ("group", "having", "order")
+                     if select.args.get(a) is not None]]
+    links: list[ChainLink] = []
+    for k in range(1, len(joins)):
+        above = [*top_clauses, *[j.args["on"] for j in joins[k:]],
+                 *[c for link, conds in pushed.items() if link > k for c in conds]]
+        needed = {(i, c.lower()) for i, c in columns_read(above)}
+        outputs = [exp.alias_(rewrite(exp.column(c, table=aliases[i], quoted=True), k),
+                              internal_column(i, c), quoted=True)
+                   for i, c in used if i <= k and (i, c.lower()) in needed]
+        if not outputs:  # nothing above reads the link's columns: keep one for its rows
+            i, c = next((i, c) for i, c in used if i <= k)
+            outputs = [exp.alias_(rewrite(exp.column(c, table=aliases[i], quoted=True), k),
+                                  internal_column(i, c), quoted=True)]
+        query = exp.select(*outputs)
+        if k == 1:
+            query = query.from_(tables[0].copy())
+        else:
+            query = query.from_(exp.Table(this=exp.to_identifier(internal_name(mv_name, k - 1)),
+                                          alias=exp.TableAlias(this=exp.to_identifier("__j"))))
+        join = joins[k - 1].copy()
+        join.set("on", rewrite(join.args["on"], k))
+        query.append("joins", join)
+        if pushed.get(k):
+            query = query.where(exp.and_(*[rewrite(c, k) for c in pushed[k]]))
+        links.append(ChainLink(internal_name(mv_name, k), query))
+
+    # the MV's own query: the last join, over the last link, with the rest of the query
+    last = len(joins)
+    top = select.copy()
+    for item in top.expressions:  # keep each output's name
+        if not isinstance(item, exp.Alias):
+            item.replace(exp.alias_(item.copy(), item.alias_or_name, quoted=True))
+    top.set("from_" if "from_" in top.args else "from", exp.From(this=exp.Table(
+        this=exp.to_identifier(internal_name(mv_name, last - 1)),
+        alias=exp.TableAlias(this=exp.to_identifier("__j")))))
+    top.set("joins", [joins[-1].copy()])
+    top.set("where", exp.Where(this=exp.and_(*[c.copy() for c in kept])) if kept else None)
+    final = rewrite(top, last)
+    assert isinstance(final, exp.Select)
+    return links, final
+
+
+def _expand_stars(select: exp.Select, aliases: Sequence[str],
+                  columns: dict[str, list[str]]) -> None:
+    items: list[exp.Expr] = []
+    for item in select.expressions:
+        if isinstance(item, exp.Star):
+            for a in aliases:
+                items.extend(exp.column(c, table=a, quoted=True) for c in columns[a.lower()])
+        elif isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+            owner = next((x for x in aliases if x.lower() == item.table.lower()), None)
+            if owner is None:
+                raise UnsupportedQuery(f"unknown table alias {item.table!r} in "
+                                       f"{item.sql(dialect='spark')}")
+            items.extend(exp.column(c, table=owner, quoted=True)
+                         for c in columns[owner.lower()])
+        else:
+            items.append(item)
+    select.set("expressions", items)
+
+
+def _qualify(select: exp.Select, aliases: Sequence[str], columns: dict[str, list[str]]) -> None:
+    """Give every unqualified column reference its relation's alias (a column of
+    exactly one relation); a name that is an output alias only stays as written."""
+    owners: dict[str, list[str]] = {}
+    for a in aliases:
+        for c in columns[a.lower()]:
+            owners.setdefault(c.lower(), []).append(a)
+    for col in list(select.find_all(exp.Column)):
+        if col.table or isinstance(col.this, exp.Star):
+            continue
+        found = owners.get(col.name.lower(), [])
+        if len(found) > 1:
+            raise UnsupportedQuery(f"column {col.name!r} is ambiguous; qualify it with a table")
+        if len(found) == 1:
+            col.set("table", exp.to_identifier(found[0]))
+
+
+def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: ColumnsOf,
+               resolve: Callable[[str], LeafInfo],
+               ) -> tuple[list[tuple[ChainLink, PlannedMv]], PlannedMv]:
+    """The plans of an MV's join-chain links (none for at most two relations) and of
+    the MV itself over the last link; nothing is created."""
+    select = check_supported(query, columns_of)
+    chain = split_joins(select, name, columns_of) if isinstance(select, exp.Select) else None
+    links, top = chain if chain is not None else ([], select)
+    infos: dict[str, LeafInfo] = {}
+
+    def resolve_link(rel_name: str) -> LeafInfo:
+        return infos.get(rel_name.lower()) or resolve(rel_name)
+    planned_links = []
+    for link in links:
+        planned = plan_materialized_view(spark, link.query, resolve_link, link.name)
+        infos[link.name.lower()] = LeafInfo(link.name, tuple(planned.columns),
+                                            tuple(planned.key))
+        planned_links.append((link, planned))
+    return planned_links, plan_materialized_view(spark, top, resolve_link, name)
+
+
+def explain_chain(parts: Sequence[tuple[str, PlannedMv]]) -> str:
+    """EXPLAIN text of an MV and its links ((name, plan), upstream first): each
+    link's operators and state tables, then the MV's."""
+    lines: list[str] = []
+    for i, (name, planned) in enumerate(parts):
+        if len(parts) > 1:
+            role = f"link {i + 1} of the join chain" if i < len(parts) - 1 else "the MV"
+            lines.append(f"-- {role}: {name}")
+        states = tuple(f"__sf_{name.removeprefix('__sf_')}_{d.role}" for d in planned.states)
+        lines.append(explain_plan(name, replace(planned.plan, states=states), planned.key))
+        for state, d in zip(states, planned.states, strict=True):
+            lines.append(f"state {state}: key=({', '.join(d.key)}) "
+                         f"vnode=hash({', '.join(d.dist_key)})")
+    return "\n".join(lines)
