@@ -20,8 +20,10 @@ plan is built from the rewritten tree.
   in each branch (TPC-H q19) is found.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
   the relations before it becomes an inner join ``ON`` those equalities; the rest
-  of the ``WHERE`` stays. A column names its relation by qualifier, or (given the
-  relations' columns) by being a column of exactly one of them.
+  of the ``WHERE`` stays. A list of comma joins is first put in an order where
+  each relation has such an equality with those before it (inner joins commute).
+  A column names its relation by qualifier, or (given the relations' columns) by
+  being a column of exactly one of them.
 """
 
 from __future__ import annotations
@@ -166,13 +168,11 @@ def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> N
 
     where = select.args.get("where")
     remaining = _conjuncts(where.this if where is not None else None)
+    joins = _connected_order(select, from_, joins, remaining, table_of)
     seen = _relation_names(from_.this)
     for join in joins:
         names = _relation_names(join.this)
-        is_comma = (join.args.get("kind") or "").upper() == "CROSS" \
-            and not join.args.get("on") and not join.args.get("using") \
-            and not join.args.get("side")
-        if is_comma and names:
+        if _is_comma(join) and names:
             moved = [c for c in remaining if _joins_to(c, names, seen, table_of)]
             if moved:
                 remaining = [c for c in remaining if all(c is not m for m in moved)]
@@ -181,6 +181,37 @@ def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> N
         seen |= names
     if where is not None:
         select.set("where", exp.Where(this=exp.and_(*remaining)) if remaining else None)
+
+
+def _is_comma(join: exp.Join) -> bool:
+    return (join.args.get("kind") or "").upper() == "CROSS" and not join.args.get("on") \
+        and not join.args.get("using") and not join.args.get("side")
+
+
+def _connected_order(select: exp.Select, from_: exp.From, joins: list[exp.Join],
+                     conds: Sequence[exp.Expr],
+                     table_of: Callable[[exp.Column], str | None]) -> list[exp.Join]:
+    """A comma join's relations in an order where each one has an equality with
+    those before it (the first such relation, in the order written, goes next), so
+    every join gets an ON. Inner joins commute: the rows are the same. Left as
+    written when some join is not a comma join, or ``*`` would list its columns in
+    FROM order."""
+    if not all(_is_comma(j) for j in joins) or any(
+            isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+            for e in select.expressions):
+        return joins
+    seen = _relation_names(from_.this)
+    pending = list(joins)
+    ordered: list[exp.Join] = []
+    while pending:
+        nxt = next((j for j in pending if any(
+            _joins_to(c, _relation_names(j.this), seen, table_of) for c in conds)), pending[0])
+        pending.remove(nxt)
+        ordered.append(nxt)
+        seen |= _relation_names(nxt.this)
+    if ordered != joins:
+        select.set("joins", ordered)
+    return ordered
 
 
 def _joins_to(cond: exp.Expr, names: set[str], before: set[str],
