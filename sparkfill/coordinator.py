@@ -52,7 +52,7 @@ from .relation_store import Appended, RelationStore
 from .session import default_parallelism_of
 from .snapshot_jobs import SnapshotJobs
 
-__all__ = ["EpochCoordinator", "STALL_EPOCHS"]
+__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
 LOG = logging.getLogger("sparkfill")
 
@@ -103,6 +103,14 @@ class EpochAppends:
 
     def rows(self, rel_id: int) -> int:
         return sum(self.counts.get(rel_id, {}).values())
+
+
+def uses_snapshot_job(rel: Relation) -> bool:
+    """A creating MV whose backfill is a snapshot job (a top-N has none: it reads its
+    whole input in one epoch)."""
+    return (rel.kind == "mv" and rel.state == "creating" and rel.options is not None
+            and rel.options.strategy == "snapshot" and rel.plan is not None
+            and rel.plan.topn is None)
 
 
 class EpochCoordinator:
@@ -276,8 +284,7 @@ class EpochCoordinator:
                 continue  # computed with its MV
             if self.catalog.is_waiting(rel):
                 continue  # its backfill starts once its upstream MVs are created
-            if rel.kind == "mv" and rel.state == "creating" and rel.options is not None \
-                    and rel.options.strategy == "snapshot":
+            if uses_snapshot_job(rel):
                 rel = self._start_snapshot_job(rel, epoch)
                 with self.store.reading_for(rel.name):
                     step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
@@ -381,6 +388,15 @@ class EpochCoordinator:
         states = self.catalog.states_of(rel)
         deltas = appends.deltas
         hint = sum(appends.rows(leaf.id) for leaf in leaves)
+        if rel.plan.topn is not None:
+            # a top-N recomputes from its whole input: created in its first epoch
+            leaf = leaves[0]
+            if rel.state == "created" and leaf.id not in deltas:
+                return None, [], 0
+            out = DataflowResult(self.dataflow.top_n(rel, leaf, deltas.get(leaf.id), epoch))
+            scans = [] if rel.state == "created" else [ScanResult(
+                None, Done(leaf.row_count), epoch - 1, leaf.row_count, [])]
+            return out, scans, hint + rel.plan.topn.limit
         if rel.state == "created":
             changes = [change_of(deltas.get(leaf.id), [c.name for c in leaf.columns])
                        for leaf in leaves]
@@ -519,7 +535,7 @@ class EpochCoordinator:
 
     def _job_progress(self, mv: Relation) -> JobProgress:
         assert mv.options is not None
-        if mv.options.strategy == "snapshot" and mv.state == "creating":
+        if uses_snapshot_job(mv):
             return self.snapshots.progress(mv)
         rows = self.meta.progress(mv.id)
         done = sum(r.rows for r in rows)

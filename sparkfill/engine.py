@@ -28,7 +28,7 @@ from sqlglot import exp
 
 from .backfill import NotStarted, state_to_row
 from .catalog import Catalog, Relation, check_not_reserved
-from .coordinator import EpochCoordinator
+from .coordinator import EpochCoordinator, uses_snapshot_job
 from .dml import DELETE, IDX, KIND, UPSERT, DmlStager
 from .errors import (
     DataError,
@@ -218,8 +218,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - step() retries it and reports the error
             pass
         for rel in self.catalog.all():
-            if rel.kind == "mv" and rel.state == "creating" and rel.options \
-                    and rel.options.strategy == "snapshot" and not self.catalog.is_waiting(rel):
+            if uses_snapshot_job(rel) and not self.catalog.is_waiting(rel):
                 self.coordinator.snapshots.start(rel)
 
     def _restart_job(self, rel: Relation) -> None:
@@ -527,11 +526,10 @@ class Engine:
             next_id += 1 + len(states)
         assert groups[-1][0].id == owner_id
         self._new_relations(groups)
-        if options.strategy == "snapshot":
-            for rel, _ in groups:
-                created = self.catalog.get_by_id(rel.id)
-                if not self.catalog.is_waiting(created):
-                    self.coordinator.snapshots.start(created)
+        for rel, _ in groups:
+            created = self.catalog.get_by_id(rel.id)
+            if uses_snapshot_job(created) and not self.catalog.is_waiting(created):
+                self.coordinator.snapshots.start(created)
         return None
 
     def _columns_of(self, name: str) -> list[str] | None:

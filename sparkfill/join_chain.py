@@ -26,7 +26,15 @@ from pyspark.sql import SparkSession
 from sqlglot import exp
 
 from .errors import UnsupportedQuery
-from .planner import LeafInfo, PlannedMv, check_supported, explain_plan, plan_materialized_view
+from .planner import (
+    LeafInfo,
+    PlannedMv,
+    TopNSpec,
+    check_shape,
+    explain_plan,
+    plan_materialized_view,
+    rewrite_top_n,
+)
 
 __all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
 
@@ -39,12 +47,12 @@ class ChainLink:
     """One internal MV of a join chain: its name and its two-way join query."""
 
     name: str
-    query: exp.Select
+    query: exp.Query
 
 
 def internal_name(mv_name: str, link: int) -> str:
     """The name of link ``link`` (1-based) of ``mv_name``'s join chain."""
-    return f"__sf_{mv_name}_join{link}"
+    return f"__sf_{mv_name.removeprefix('__sf_')}_join{link}"
 
 
 def _conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
@@ -239,22 +247,67 @@ def _qualify(select: exp.Select, aliases: Sequence[str], columns: dict[str, list
 def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: ColumnsOf,
                resolve: Callable[[str], LeafInfo],
                ) -> tuple[list[tuple[ChainLink, PlannedMv]], PlannedMv]:
-    """The plans of an MV's join-chain links (none for at most two relations) and of
-    the MV itself over the last link; nothing is created."""
-    select = check_supported(query, columns_of)
-    chain = split_joins(select, name, columns_of) if isinstance(select, exp.Select) else None
-    links, top = chain if chain is not None else ([], select)
+    """The plans of an MV's internal links, upstream first, and of the MV itself;
+    nothing is created. A join of three or more relations has join-chain links; a
+    top-N (``ORDER BY ... LIMIT``) reads a link holding the query without it."""
+    rewritten, top_order, limit, offset = rewrite_top_n(query, columns_of)
     infos: dict[str, LeafInfo] = {}
+    planned_links: list[tuple[ChainLink, PlannedMv]] = []
 
     def resolve_link(rel_name: str) -> LeafInfo:
         return infos.get(rel_name.lower()) or resolve(rel_name)
-    planned_links = []
-    for link in links:
-        planned = plan_materialized_view(spark, link.query, resolve_link, link.name)
+
+    def link_columns(rel_name: str) -> Sequence[str] | None:
+        info = infos.get(rel_name.lower())
+        return [c.name for c in info.columns if not c.hidden] if info else columns_of(rel_name)
+
+    def plan_link(link: ChainLink, planned: PlannedMv | None = None) -> PlannedMv:
+        if planned is None:
+            planned = plan_materialized_view(spark, link.query, resolve_link, link.name)
         infos[link.name.lower()] = LeafInfo(link.name, tuple(planned.columns),
                                             tuple(planned.key))
         planned_links.append((link, planned))
-    return planned_links, plan_materialized_view(spark, top, resolve_link, name)
+        return planned
+
+    # a derived table that aggregates, joins or is DISTINCT (the others were merged)
+    # is a link of its own, planned like an MV, read under its alias
+    if isinstance(rewritten, exp.Select):
+        rewritten = rewritten.copy()
+        derived = [s for s in rewritten.find_all(exp.Subquery)
+                   if isinstance(s.parent, exp.From | exp.Join)
+                   and s.find_ancestor(exp.Select) is rewritten]
+        for i, sub in enumerate(derived, start=1):
+            alias = sub.args.get("alias")
+            if alias is None or alias.args.get("columns"):
+                raise UnsupportedQuery("a subquery in FROM needs an alias without a column "
+                                       "list: (SELECT ...) AS name")
+            sub_name = f"{name}_sub{i}"
+            sub_links, sub_planned = plan_chain(spark, sub_name, sub.this, link_columns,
+                                                resolve_link)
+            for link, planned in sub_links:
+                plan_link(link, planned)
+            plan_link(ChainLink(f"__sf_{sub_name}", sub.this.copy()), sub_planned)
+            sub.replace(exp.Table(this=exp.to_identifier(f"__sf_{sub_name}"),
+                                  alias=exp.TableAlias(this=alias.this.copy())))
+    select = check_shape(rewritten)
+    chain = split_joins(select, name, link_columns) if isinstance(select, exp.Select) else None
+    links, body = chain if chain is not None else ([], select)
+    for link in links:
+        plan_link(link)
+    if top_order is None:
+        return planned_links, plan_materialized_view(spark, body, resolve_link, name)
+    # the top-N: the rows before it are a link of their own; the MV keeps the first
+    # ``limit`` of them (after ``offset``) in the order, ties broken by the key
+    assert isinstance(body, exp.Select | exp.Union)
+    input_name = f"__sf_{name.removeprefix('__sf_')}_input"
+    rows = plan_link(ChainLink(input_name, body))
+    visible = [c.name for c in rows.columns if not c.hidden]
+    project = exp.select(*[exp.column(c, quoted=True) for c in visible]).from_(
+        exp.to_table(input_name))
+    planned = plan_materialized_view(spark, project, resolve_link, name)
+    spec = TopNSpec(tuple((visible[pos], desc, nulls_first)
+                          for pos, desc, nulls_first in top_order), limit, offset)
+    return planned_links, replace(planned, plan=replace(planned.plan, topn=spec))
 
 
 def explain_chain(parts: Sequence[tuple[str, PlannedMv]]) -> str:
@@ -263,7 +316,7 @@ def explain_chain(parts: Sequence[tuple[str, PlannedMv]]) -> str:
     lines: list[str] = []
     for i, (name, planned) in enumerate(parts):
         if len(parts) > 1:
-            role = f"link {i + 1} of the join chain" if i < len(parts) - 1 else "the MV"
+            role = f"link {i + 1} (an internal MV)" if i < len(parts) - 1 else "the MV"
             lines.append(f"-- {role}: {name}")
         states = tuple(f"__sf_{name.removeprefix('__sf_')}_{d.role}" for d in planned.states)
         lines.append(explain_plan(name, replace(planned.plan, states=states), planned.key))

@@ -86,7 +86,7 @@ def explain_existing(catalog: Catalog, name: str) -> str:
     for i, mv in enumerate(chain):
         assert mv.plan is not None
         if len(chain) > 1:
-            role = f"link {i + 1} of the join chain" if i < len(chain) - 1 else "the MV"
+            role = f"link {i + 1} (an internal MV)" if i < len(chain) - 1 else "the MV"
             lines.append(f"-- {role}: {mv.name}")
         lines.append(explain_plan(mv.name, mv.plan, mv.key))
         for state in catalog.states_of(mv):

@@ -203,6 +203,32 @@ class MvDataflow:
                                        rows_hint)
         return result
 
+    # --- top-N ----------------------------------------------------------------------------
+
+    def top_n(self, mv: Relation, leaf: Relation, leaf_delta: DataFrame | None,
+              epoch: int) -> DataFrame:
+        """A top-N MV's changelog for ``epoch``: its rows recomputed from its input
+        (the leaf's rows at ``e-1`` with this epoch's Δ applied), the first
+        ``offset + limit`` in the order (ties broken by the MV's key), against its
+        rows at ``e-1``. It reads its whole input when that changed."""
+        plan = mv.plan
+        assert plan is not None and plan.topn is not None
+        spec = plan.topn
+        names = [c.name for c in mv.columns]
+        cols = [c.name for c in leaf.columns]
+        rows = self.store.snapshot(leaf.stored, epoch - 1).select(*cols)
+        if leaf_delta is not None:
+            rows = self._apply(rows, leaf_delta, leaf)
+        order = [f"{quoted(c)} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}"
+                 for c, desc, nf in spec.order]
+        order += [f"{quoted(k)} ASC" for k in mv.key]
+        ranked = self.project(plan, [rows]).selectExpr(
+            "*", f"row_number() OVER (ORDER BY {', '.join(order)}) AS _sf_rank")
+        new = ranked.where(f"_sf_rank > {spec.offset} AND _sf_rank <= "
+                           f"{spec.offset + spec.limit}").select(*names)
+        old = self.store.snapshot(mv.stored, epoch - 1).select(*names)
+        return consolidate(old, new, names, mv.key)
+
     # --- row stage ------------------------------------------------------------------------
 
     def project(self, plan: MvPlan, inputs: Sequence[DataFrame],

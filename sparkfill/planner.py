@@ -44,9 +44,12 @@ from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
 __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
-    "plan_materialized_view", "check_supported", "leaf_tables", "explain_plan",
+    "plan_materialized_view", "check_supported", "check_supported_top_n", "leaf_tables",
+    "rewrite_top_n", "check_shape",
+    "explain_plan",
     "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH", "BRANCH_ROW",
-    "Branch", "union_branches", "GROUP_ROWS", "running_count_column",
+    "Branch", "union_branches", "GROUP_ROWS", "running_count_column", "TopNSpec",
+    "split_top_n",
 ]
 
 NONDETERMINISTIC = {
@@ -72,8 +75,10 @@ BRANCH = f"{HIDDEN_PREFIX}branch"
 BRANCH_ROW = f"{HIDDEN_PREFIX}branch_row"
 
 _CLAUSES = {
-    # (an ORDER BY without LIMIT/OFFSET was dropped by ``rewrite_query``)
-    "limit": "LIMIT (an MV keeps every row; apply LIMIT when you read it)",
+    # (an ORDER BY without LIMIT/OFFSET was dropped by ``rewrite_query``; ORDER BY with
+    # LIMIT is a top-N, split off by ``split_top_n`` before the shape is checked)
+    "limit": "LIMIT without ORDER BY (which rows it keeps is arbitrary; add an ORDER BY "
+             "that decides it)",
     "offset": "OFFSET",
     "order": "ORDER BY (an MV is an unordered set; order when you read it)",
     "qualify": "QUALIFY",
@@ -141,6 +146,16 @@ class Branch:
 
 
 @dataclass(frozen=True)
+class TopNSpec:
+    """``ORDER BY ... LIMIT limit OFFSET offset`` over the row stage's columns."""
+
+    #: (column, descending, nulls first), ties broken by the MV's key
+    order: tuple[tuple[str, bool, bool], ...]
+    limit: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
 class MvPlan:
     """``SELECT ... FROM leaves [JOIN] [WHERE] [GROUP BY ... HAVING]``.
 
@@ -157,6 +172,8 @@ class MvPlan:
     states: tuple[str, ...] = ()  # names of the state relations, by role order
     #: a UNION ALL: one branch per leaf (then ``rows``, ``where`` and ``join`` are unused)
     branches: tuple[Branch, ...] = ()
+    #: a top-N over the rows (one leaf: the rows before ORDER BY ... LIMIT)
+    topn: TopNSpec | None = None
 
     @property
     def upstreams(self) -> tuple[str, ...]:
@@ -183,6 +200,9 @@ class MvPlan:
             "states": list(self.states),
             "branches": [{"where": b.where, "rows": [list(r) for r in b.rows]}
                          for b in self.branches],
+            "topn": None if self.topn is None else {
+                "order": [list(o) for o in self.topn.order], "limit": self.topn.limit,
+                "offset": self.topn.offset},
         }
 
     @staticmethod
@@ -204,6 +224,9 @@ class MvPlan:
             states=tuple(d.get("states", ())),
             branches=tuple(Branch(b["where"], tuple((x, y) for x, y in b["rows"]))
                            for b in d.get("branches", ())),
+            topn=None if d.get("topn") is None else TopNSpec(
+                tuple((str(c), bool(desc), bool(nf)) for c, desc, nf in d["topn"]["order"]),
+                int(d["topn"]["limit"]), int(d["topn"]["offset"])),
         )
 
 
@@ -239,11 +262,85 @@ def union_branches(query: exp.Expr) -> list[exp.Expr]:
     return [query]
 
 
+def split_top_n(query: exp.Query) -> tuple[exp.Query, tuple[tuple[int, bool, bool], ...],
+                                             int, int] | None:
+    """A ``SELECT ... ORDER BY ... LIMIT n [OFFSET m]`` as the query without them and
+    the order as (output position, descending, nulls first); None without LIMIT."""
+    limit = query.args.get("limit")
+    if limit is None or not isinstance(query, exp.Select):
+        return None
+    order = query.args.get("order")
+    if order is None:
+        raise UnsupportedQuery(_CLAUSES["limit"] + " in a materialized view")
+    def number(node: exp.Expr | None, what: str) -> int:
+        value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+        if not isinstance(value, exp.Literal) or value.is_string or not value.this.isdigit():
+            raise UnsupportedQuery(f"{what} must be a constant number in a materialized view")
+        return int(value.this)
+    n = number(limit, "LIMIT")
+    m = number(query.args["offset"], "OFFSET") if query.args.get("offset") else 0
+    items = query.expressions
+    if any(isinstance(i, exp.Star) or isinstance(i, exp.Column) and isinstance(i.this, exp.Star)
+           for i in items):
+        raise UnsupportedQuery("ORDER BY ... LIMIT over SELECT *: name the columns")
+    names = [i.alias_or_name.lower() for i in items]
+    sqls = [i.unalias().sql(dialect="spark") for i in items]
+    keys = []
+    for o in order.expressions:
+        target = o.this
+        if isinstance(target, exp.Literal) and not target.is_string and target.this.isdigit():
+            pos = int(target.this) - 1
+        elif isinstance(target, exp.Column) and not target.table \
+                and target.name.lower() in names:
+            pos = names.index(target.name.lower())
+        elif target.sql(dialect="spark") in sqls:
+            pos = sqls.index(target.sql(dialect="spark"))
+        else:
+            raise UnsupportedQuery(
+                f"ORDER BY {target.sql(dialect='spark')} ... LIMIT in a materialized view must "
+                "order by columns of its SELECT list")
+        if not 0 <= pos < len(items):
+            raise UnsupportedQuery(f"ORDER BY position {pos + 1} is not in the SELECT list")
+        desc = bool(o.args.get("desc"))
+        nulls_first = o.args.get("nulls_first")
+        # Spark's default: NULLs first ascending, last descending
+        keys.append((pos, desc, (not desc) if nulls_first is None else bool(nulls_first)))
+    inner = query.copy()
+    for arg in ("order", "limit", "offset"):
+        inner.set(arg, None)
+    return inner, tuple(keys), n, m
+
+
 def check_supported(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Query:
     """The query in the form the planner compiles (``rewrite_query``: the same rows)
     if its shape is supported, else raise ``UnsupportedQuery``; ``columns_of``: the
     relations' column names, to resolve unqualified columns of comma joins."""
-    return _check_shape(rewrite_query(query, columns_of))
+    return check_supported_top_n(query, columns_of)[0]
+
+
+def check_supported_top_n(query: exp.Expr, columns_of: ColumnsOf | None = None,
+                          ) -> tuple[exp.Query, tuple[tuple[int, bool, bool], ...] | None,
+                                     int, int]:
+    """``check_supported`` of a query whose ``ORDER BY ... LIMIT n OFFSET m`` (a top-N)
+    is split off: (the query without it, its order by output position or None, n, m)."""
+    body, order, n, m = rewrite_top_n(query, columns_of)
+    return _check_shape(body), order, n, m
+
+
+def rewrite_top_n(query: exp.Expr, columns_of: ColumnsOf | None = None,
+                  ) -> tuple[exp.Expr, tuple[tuple[int, bool, bool], ...] | None, int, int]:
+    """``rewrite_query`` with a top-N split off (see ``check_supported_top_n``); the
+    shape is not checked."""
+    rewritten = rewrite_query(query, columns_of)
+    top_n = split_top_n(rewritten) if isinstance(rewritten, exp.Query) else None
+    if top_n is None:
+        return rewritten, None, 0, 0
+    return top_n
+
+
+def check_shape(query: exp.Expr) -> exp.Query:
+    """The query if the planner compiles its shape, else raise ``UnsupportedQuery``."""
+    return _check_shape(query)
 
 
 def _check_shape(query: exp.Expr) -> exp.Query:
@@ -814,6 +911,15 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
     agg_state = plan.states[-1] if plan.agg is not None and plan.states else None
     lines.append(f"Materialize {name}  key=({', '.join(key)})")
     depth = 1
+    if plan.topn is not None:
+        order = ", ".join(  # NULLS shown where it is not Spark's default
+            f"{c}{' DESC' if desc else ''}"
+            f"{'' if nf != desc else ' NULLS FIRST' if nf else ' NULLS LAST'}"
+            for c, desc, nf in plan.topn.order)
+        lines.append("  " * depth + f"TopN  order=({order}) limit={plan.topn.limit}"
+                     + (f" offset={plan.topn.offset}" if plan.topn.offset else "")
+                     + "  (recomputed from its input when it changes)")
+        depth += 1
     if plan.agg is not None:
         aggs = ", ".join(sql for _, sql in plan.agg.aggs) or "-"
         running = "  running values in the MV" if plan.agg.running is not None else ""

@@ -18,6 +18,9 @@ plan is built from the rewritten tree.
   common to every branch: ``(a AND b) OR (a AND c)`` becomes ``a AND (b OR c)``
   (distributivity holds in SQL's three-valued logic), so a join equality written
   in each branch (TPC-H q19) is found.
+- ``x IN (SELECT y ...)`` and ``EXISTS (SELECT ... WHERE inner.a = outer.b ...)`` as
+  conjuncts of ``WHERE`` are semi-joins: inner joins with a derived table of the
+  subquery's distinct keys (``_semi_joins``).
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
   the relations before it becomes an inner join ``ON`` those equalities; the rest
   of the ``WHERE`` stays. A list of comma joins is first put in an order where
@@ -49,6 +52,7 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
         _filters_to_case(select)
         _factor_where(select)
         _comma_joins_to_inner(select, columns_of)
+        _semi_joins(select, columns_of)
     return query
 
 
@@ -225,3 +229,115 @@ def _joins_to(cond: exp.Expr, names: set[str], before: set[str],
         return False
     sides = {left, right}
     return bool(sides & names) and bool(sides & before) and sides <= (names | before)
+
+
+def _semi_joins(select: exp.Select, columns_of: ColumnsOf | None) -> None:
+    """``WHERE ... AND x IN (SELECT y ...)`` and ``WHERE ... AND EXISTS (SELECT ...
+    WHERE inner.a = outer.b AND <inner conditions>)`` (a conjunct of ``WHERE``, not
+    negated) become inner joins with a derived table of the subquery's DISTINCT
+    keys: a semi-join keeps each outer row once when a match exists, and a join
+    with a set of distinct keys does the same. NULL keys match nothing either way.
+    A subquery of another form stays (and is refused)."""
+    where = select.args.get("where")
+    from_ = select.args.get("from_") or select.args.get("from")
+    if where is None or from_ is None or any(
+            isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+            for e in select.expressions):
+        return  # (``*`` would list the joined keys too)
+    kept: list[exp.Expr] = []
+    joins: list[exp.Join] = []
+    for cond in _conjuncts(where.this):
+        alias = f"__sf_semi{len(joins) + 1}"
+        derived, on = None, None
+        if isinstance(cond, exp.In) and isinstance(cond.args.get("query"), exp.Expr):
+            derived, on = _in_subquery(cond, alias, columns_of)
+        elif isinstance(cond, exp.Exists) and isinstance(cond.this, exp.Select):
+            derived, on = _exists_subquery(cond.this, alias, columns_of)
+        if derived is None or on is None:
+            kept.append(cond)
+            continue
+        joins.append(exp.Join(this=exp.Subquery(this=derived,
+                                                alias=exp.TableAlias(this=exp.to_identifier(alias))),
+                              on=on))
+    if not joins:
+        return
+    for join in joins:
+        select.append("joins", join)
+    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+
+
+def _in_subquery(cond: exp.In, alias: str, columns_of: ColumnsOf | None,
+                 ) -> tuple[exp.Select | None, exp.Expr | None]:
+    query = cond.args["query"]
+    sub = query.this if isinstance(query, exp.Subquery) else query
+    if not isinstance(sub, exp.Select) or len(sub.expressions) != 1 \
+            or isinstance(sub.expressions[0], exp.Star) or _correlated(sub, columns_of):
+        return None, None
+    value = sub.expressions[0].unalias()
+    group = sub.args.get("group")
+    keyed = group is not None and any(value == g for g in group.expressions) \
+        and len(group.expressions) == 1
+    if group is not None and not keyed:
+        return None, None  # distinct over an aggregate's output: not rewritten
+    derived = sub.copy()
+    derived.set("expressions", [exp.alias_(value.copy(), "k")])
+    if not keyed:
+        derived.set("distinct", exp.Distinct())
+    return derived, exp.EQ(this=cond.this.copy(), expression=exp.column("k", table=alias))
+
+
+def _correlated(sub: exp.Select, columns_of: ColumnsOf | None) -> bool:
+    """Whether ``sub`` reads a column of a relation outside its own FROM (or, without
+    the relations' columns, might)."""
+    from_ = sub.args.get("from_") or sub.args.get("from")
+    inner = [from_.this, *[j.this for j in sub.args.get("joins") or []]] if from_ else []
+    if columns_of is None or not all(isinstance(t, exp.Table) for t in inner):
+        return True
+    names = {t.alias_or_name.lower() for t in inner}
+    columns = {c.lower() for t in inner for c in (columns_of(t.name) or ())}
+    return any(c.table.lower() not in names if c.table else c.name.lower() not in columns
+               for c in sub.find_all(exp.Column))
+
+
+def _exists_subquery(sub: exp.Select, alias: str, columns_of: ColumnsOf | None,
+                     ) -> tuple[exp.Select | None, exp.Expr | None]:
+    if sub.args.get("group") or sub.args.get("having") or sub.args.get("limit"):
+        return None, None
+    from_ = sub.args.get("from_") or sub.args.get("from")
+    if from_ is None:
+        return None, None
+    inner = [from_.this, *[j.this for j in sub.args.get("joins") or []]]
+    if not all(isinstance(t, exp.Table) for t in inner):
+        return None, None
+    names = {t.alias_or_name.lower() for t in inner}
+    inner_columns = {c.lower() for t in inner for c in (columns_of(t.name) or ())
+                     } if columns_of is not None else set()
+
+    def is_inner(col: exp.Column) -> bool:
+        if col.table:
+            return col.table.lower() in names
+        return col.name.lower() in inner_columns
+
+    where = sub.args.get("where")
+    local: list[exp.Expr] = []
+    pairs: list[tuple[exp.Column, exp.Column]] = []
+    for cond in _conjuncts(where.this if where is not None else None):
+        cols = list(cond.find_all(exp.Column))
+        if all(is_inner(c) for c in cols):
+            local.append(cond)
+        elif isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column) \
+                and isinstance(cond.expression, exp.Column) \
+                and is_inner(cond.this) != is_inner(cond.expression):
+            a, b = cond.this, cond.expression
+            pairs.append((a, b) if is_inner(a) else (b, a))
+        else:
+            return None, None  # correlated other than by equality: not rewritten
+    if not pairs:
+        return None, None
+    derived = sub.copy()
+    derived.set("expressions", [exp.alias_(i.copy(), f"k{n}") for n, (i, _) in enumerate(pairs)])
+    derived.set("distinct", exp.Distinct())
+    derived.set("where", exp.Where(this=exp.and_(*[c.copy() for c in local])) if local else None)
+    on = exp.and_(*[exp.EQ(this=o.copy(), expression=exp.column(f"k{n}", table=alias))
+                    for n, (_, o) in enumerate(pairs)])
+    return derived, on
