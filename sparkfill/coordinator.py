@@ -285,7 +285,7 @@ class EpochCoordinator:
             if self.catalog.is_waiting(rel):
                 continue  # its backfill starts once its upstream MVs are created
             if uses_snapshot_job(rel):
-                rel = self._start_snapshot_job(rel, epoch)
+                rel = self.prepare_snapshot_job(rel)
                 with self.store.reading_for(rel.name):
                     step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
                 progress.extend(step.progress)
@@ -358,10 +358,11 @@ class EpochCoordinator:
                                           for k, v in chunk_rows.items()},
                            spark_jobs=spark_jobs, warnings=warnings)
 
-    def _start_snapshot_job(self, mv: Relation, epoch: int) -> Relation:
-        """A snapshot job that waited for its upstream MVs takes its snapshot now (as
-        of the last committed epoch, where they are complete), not as of its
-        creation; a job that has started keeps its snapshot."""
+    def prepare_snapshot_job(self, mv: Relation) -> Relation:
+        """A snapshot job that waited for its upstream MVs takes its snapshot as of the
+        last committed epoch (where they are complete), not as of its creation; a job
+        that has started keeps its snapshot. Call before starting its phase 1."""
+        epoch = self.meta.committed_epoch + 1
         if mv.created_epoch >= epoch - 1 or self.snapshots.has_started(mv) or not any(
                 leaf.kind == "mv" and (leaf.ready_epoch or 0) > mv.created_epoch
                 for leaf in self.catalog.leaves_of(mv)):

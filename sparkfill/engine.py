@@ -219,7 +219,7 @@ class Engine:
             pass
         for rel in self.catalog.all():
             if uses_snapshot_job(rel) and not self.catalog.is_waiting(rel):
-                self.coordinator.snapshots.start(rel)
+                self.coordinator.snapshots.start(self.coordinator.prepare_snapshot_job(rel))
 
     def _restart_job(self, rel: Relation) -> None:
         """Start a creating job over on a fresh, empty relation (its in-memory
