@@ -1,7 +1,18 @@
-"""Joins of three or more relations as a chain of two-way joins.
+"""An MV's internal links: the MVs a query is compiled into when one plan does
+not hold it — the DAG of the query, at MV granularity.
 
-Invariant: ``split_joins`` returns queries whose composition returns exactly the
-rows of the original query over any input. A query ``FROM a0 JOIN a1 ON c1 JOIN
+Invariant: ``plan_chain`` returns link queries and an MV query whose composition
+returns exactly the rows of the original query over any input; every link is an
+MV the dataflow already maintains (created with its owner, hidden, dropped with it):
+
+- a join of three or more relations is a chain of two-way joins (below);
+- a derived table that aggregates, joins or is DISTINCT is a link of its own, read
+  under its alias (aggregates over aggregates);
+- ``ORDER BY ... LIMIT`` reads a link holding the rows before it (a top-N MV);
+- ``IN``/``EXISTS`` subqueries arrive as derived tables of their distinct keys
+  (``rewrite.py``), so they are links too.
+
+``split_joins``: A query ``FROM a0 JOIN a1 ON c1 JOIN
 a2 ON c2 ... JOIN an ON cn`` becomes internal MVs
 
     j1 = SELECT <columns of a0, a1> FROM a0 JOIN a1 ON c1 [WHERE <its filters>]
