@@ -362,13 +362,13 @@ class EpochCoordinator:
         """A snapshot job that waited for its upstream MVs takes its snapshot as of the
         last committed epoch (where they are complete), not as of its creation; a job
         that has started keeps its snapshot. Call before starting its phase 1."""
-        epoch = self.meta.committed_epoch + 1
-        if mv.created_epoch >= epoch - 1 or self.snapshots.has_started(mv) or not any(
+        committed = self.meta.committed_epoch
+        if mv.created_epoch >= committed or self.snapshots.has_started(mv) or not any(
                 leaf.kind == "mv" and (leaf.ready_epoch or 0) > mv.created_epoch
                 for leaf in self.catalog.leaves_of(mv)):
             return mv
         with self.meta.transaction() as conn:
-            self.meta.set_created_epoch(conn, mv.id, epoch - 1)
+            self.meta.set_created_epoch(conn, mv.id, committed)
         self.catalog.reload()
         return self.catalog.get_by_id(mv.id)
 

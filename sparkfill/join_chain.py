@@ -46,6 +46,7 @@ from .planner import (
     plan_materialized_view,
     rewrite_top_n,
 )
+from .rewrite import conjuncts
 
 __all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
 
@@ -64,12 +65,6 @@ class ChainLink:
 def internal_name(mv_name: str, link: int) -> str:
     """The name of link ``link`` (1-based) of ``mv_name``'s join chain."""
     return f"__sf_{mv_name.removeprefix('__sf_')}_join{link}"
-
-
-def _conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
-    if expr is None:
-        return []
-    return list(expr.flatten()) if isinstance(expr, exp.And) else [expr]
 
 
 def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
@@ -131,7 +126,7 @@ def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
                    and {alias_index(c.this), alias_index(c.expression)} & {k}
                    and any(i is not None and i < k
                            for i in (alias_index(c.this), alias_index(c.expression)))
-                   for c in _conjuncts(join.args.get("on"))):
+                   for c in conjuncts(join.args.get("on"))):
             raise UnsupportedQuery(
                 f"the join condition {join.args['on'].sql(dialect='spark')} has no equality "
                 f"between a column of {aliases[k]} and a column of the relations before it; "
@@ -143,7 +138,7 @@ def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
 
     # WHERE conjuncts, each at the first link holding what it reads (inner joins only)
     where = select.args.get("where")
-    remaining = _conjuncts(where.this if where is not None else None)
+    remaining = conjuncts(where.this if where is not None else None)
     pushed: dict[int, list[exp.Expr]] = {}
     inner_upto = 0  # links 1..inner_upto are all inner joins
     for k, join in enumerate(joins, start=1):

@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from .errors import SqlError, UnknownRelation, UnsupportedQuery
-from .rewrite import ColumnsOf, rewrite_query
+from .rewrite import ColumnsOf, has_star, rewrite_query
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
 __all__ = [
@@ -280,8 +280,7 @@ def split_top_n(query: exp.Query) -> tuple[exp.Query, tuple[tuple[int, bool, boo
     n = number(limit, "LIMIT")
     m = number(query.args["offset"], "OFFSET") if query.args.get("offset") else 0
     items = query.expressions
-    if any(isinstance(i, exp.Star) or isinstance(i, exp.Column) and isinstance(i.this, exp.Star)
-           for i in items):
+    if has_star(query):
         raise UnsupportedQuery("ORDER BY ... LIMIT over SELECT *: name the columns")
     names = [i.alias_or_name.lower() for i in items]
     sqls = [i.unalias().sql(dialect="spark") for i in items]

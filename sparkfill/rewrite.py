@@ -37,7 +37,7 @@ from sqlglot import exp
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
-__all__ = ["rewrite_query", "ColumnsOf"]
+__all__ = ["rewrite_query", "ColumnsOf", "conjuncts", "has_star"]
 
 #: a relation's column names by relation name (None: unknown relation)
 ColumnsOf = Callable[[str], Sequence[str] | None]
@@ -115,10 +115,10 @@ def _factor_where(select: exp.Select) -> None:
     where = select.args.get("where")
     if where is None:
         return
-    conjuncts: list[exp.Expr] = []
-    for cond in _conjuncts(where.this):
-        conjuncts.extend(_factor_or(cond.unnest()))
-    select.set("where", exp.Where(this=exp.and_(*conjuncts)))
+    factored: list[exp.Expr] = []
+    for cond in conjuncts(where.this):
+        factored.extend(_factor_or(cond.unnest()))
+    select.set("where", exp.Where(this=exp.and_(*factored)))
 
 
 def _factor_or(cond: exp.Expr) -> list[exp.Expr]:
@@ -126,7 +126,7 @@ def _factor_or(cond: exp.Expr) -> list[exp.Expr]:
     out of it (unchanged when there are none)."""
     if not isinstance(cond, exp.Or):
         return [cond]
-    branches = [[c.unnest() for c in _conjuncts(b.unnest())] for b in cond.flatten()]
+    branches = [[c.unnest() for c in conjuncts(b.unnest())] for b in cond.flatten()]
     common = [c for c in branches[0]
               if all(any(c == d for d in other) for other in branches[1:])]
     if not common:
@@ -142,10 +142,17 @@ def _when(cond: exp.Expr, value: exp.Expr) -> exp.Expr:
     return exp.Case(ifs=[exp.If(this=cond.copy(), true=value.copy())])
 
 
-def _conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
+def conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
+    """The terms of an AND (the expression itself when it is not one)."""
     if expr is None:
         return []
     return list(expr.flatten()) if isinstance(expr, exp.And) else [expr]
+
+
+def has_star(select: exp.Select) -> bool:
+    """Whether the SELECT list holds ``*`` or ``alias.*``."""
+    return any(isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+               for e in select.expressions)
 
 
 def _relation_names(rel: exp.Expr) -> set[str]:
@@ -171,7 +178,7 @@ def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> N
         return next(iter(found)) if len(found) == 1 else None
 
     where = select.args.get("where")
-    remaining = _conjuncts(where.this if where is not None else None)
+    remaining = conjuncts(where.this if where is not None else None)
     joins = _connected_order(select, from_, joins, remaining, table_of)
     seen = _relation_names(from_.this)
     for join in joins:
@@ -200,9 +207,7 @@ def _connected_order(select: exp.Select, from_: exp.From, joins: list[exp.Join],
     every join gets an ON. Inner joins commute: the rows are the same. Left as
     written when some join is not a comma join, or ``*`` would list its columns in
     FROM order."""
-    if not all(_is_comma(j) for j in joins) or any(
-            isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
-            for e in select.expressions):
+    if not all(_is_comma(j) for j in joins) or has_star(select):
         return joins
     seen = _relation_names(from_.this)
     pending = list(joins)
@@ -240,13 +245,11 @@ def _semi_joins(select: exp.Select, columns_of: ColumnsOf | None) -> None:
     A subquery of another form stays (and is refused)."""
     where = select.args.get("where")
     from_ = select.args.get("from_") or select.args.get("from")
-    if where is None or from_ is None or any(
-            isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
-            for e in select.expressions):
+    if where is None or from_ is None or has_star(select):
         return  # (``*`` would list the joined keys too)
     kept: list[exp.Expr] = []
     joins: list[exp.Join] = []
-    for cond in _conjuncts(where.this):
+    for cond in conjuncts(where.this):
         alias = f"__sf_semi{len(joins) + 1}"
         derived, on = None, None
         if isinstance(cond, exp.In) and isinstance(cond.args.get("query"), exp.Expr):
@@ -286,42 +289,48 @@ def _in_subquery(cond: exp.In, alias: str, columns_of: ColumnsOf | None,
     return derived, exp.EQ(this=cond.this.copy(), expression=exp.column("k", table=alias))
 
 
+def _inner_scope(sub: exp.Select, columns_of: ColumnsOf | None,
+                 ) -> tuple[set[str], set[str]] | None:
+    """The aliases of ``sub``'s own relations and their column names (lower case; none
+    without ``columns_of``); None when one of them is not a table."""
+    from_ = sub.args.get("from_") or sub.args.get("from")
+    inner = [from_.this, *[j.this for j in sub.args.get("joins") or []]] if from_ else []
+    if not inner or not all(isinstance(t, exp.Table) for t in inner):
+        return None
+    return ({t.alias_or_name.lower() for t in inner},
+            {c.lower() for t in inner for c in (columns_of(t.name) or ())}
+            if columns_of is not None else set())
+
+
+def _reads_inner(col: exp.Column, scope: tuple[set[str], set[str]]) -> bool:
+    names, columns = scope
+    return col.table.lower() in names if col.table else col.name.lower() in columns
+
+
 def _correlated(sub: exp.Select, columns_of: ColumnsOf | None) -> bool:
     """Whether ``sub`` reads a column of a relation outside its own FROM (or, without
     the relations' columns, might)."""
-    from_ = sub.args.get("from_") or sub.args.get("from")
-    inner = [from_.this, *[j.this for j in sub.args.get("joins") or []]] if from_ else []
-    if columns_of is None or not all(isinstance(t, exp.Table) for t in inner):
-        return True
-    names = {t.alias_or_name.lower() for t in inner}
-    columns = {c.lower() for t in inner for c in (columns_of(t.name) or ())}
-    return any(c.table.lower() not in names if c.table else c.name.lower() not in columns
-               for c in sub.find_all(exp.Column))
+    scope = _inner_scope(sub, columns_of)
+    return columns_of is None or scope is None or not all(
+        _reads_inner(c, scope) for c in sub.find_all(exp.Column))
 
 
 def _exists_subquery(sub: exp.Select, alias: str, columns_of: ColumnsOf | None,
                      ) -> tuple[exp.Select | None, exp.Expr | None]:
     if sub.args.get("group") or sub.args.get("having") or sub.args.get("limit"):
         return None, None
-    from_ = sub.args.get("from_") or sub.args.get("from")
-    if from_ is None:
+    scope = _inner_scope(sub, columns_of)
+    if scope is None:
         return None, None
-    inner = [from_.this, *[j.this for j in sub.args.get("joins") or []]]
-    if not all(isinstance(t, exp.Table) for t in inner):
-        return None, None
-    names = {t.alias_or_name.lower() for t in inner}
-    inner_columns = {c.lower() for t in inner for c in (columns_of(t.name) or ())
-                     } if columns_of is not None else set()
 
     def is_inner(col: exp.Column) -> bool:
-        if col.table:
-            return col.table.lower() in names
-        return col.name.lower() in inner_columns
+        assert scope is not None
+        return _reads_inner(col, scope)
 
     where = sub.args.get("where")
     local: list[exp.Expr] = []
     pairs: list[tuple[exp.Column, exp.Column]] = []
-    for cond in _conjuncts(where.this if where is not None else None):
+    for cond in conjuncts(where.this if where is not None else None):
         cols = list(cond.find_all(exp.Column))
         if all(is_inner(c) for c in cols):
             local.append(cond)
