@@ -31,18 +31,22 @@ def check(eng, spark, mv: str, sql: str, tables: list[str], epoch: int) -> None:
 
 
 def step_checking_until_created(eng, spark, shapes: dict[str, tuple[str, list[str]]],
-                                dml: Callable[[], object], limit: int = 40) -> None:
-    """Epochs with ``dml()`` before each, until every MV of ``shapes`` is created (3
-    epochs at least, ``limit`` at most), each created MV checked against Spark's
-    batch query at every epoch."""
+                                dml: Callable[[], object], limit: int = 40,
+                                min_epochs: int = 3) -> int:
+    """Epochs with ``dml()`` before each, until every MV of ``shapes`` is created
+    (``min_epochs`` at least, ``limit`` at most), each created MV checked against
+    Spark's batch query at every epoch; returns how many checks ran."""
+    checked = 0
     for n in range(limit):
         dml()
         report = eng.step()
         for name, (sql, tables) in shapes.items():
             if eng.progress(name).state == "created":
                 check(eng, spark, name, sql, tables, report.epoch)
-        if n >= 2 and all(eng.progress(m).state == "created" for m in shapes):
-            return
+                checked += 1
+        if n >= min_epochs - 1 and all(eng.progress(m).state == "created" for m in shapes):
+            break
+    return checked
 
 
 # --- a grammar of supported shapes ---------------------------------------------------------
@@ -658,6 +662,22 @@ CHAIN_SHAPES = {
 }
 
 
+def _chain_tables(eng, rng: random.Random, tables: tuple[str, ...]) -> dict[str, str]:
+    """``CHAIN_DDL``'s tables, ``t1`` with random rows and those of ``tables`` among
+    ``t2``-``t4`` filled, one epoch committed; the names to format a shape with."""
+    for ddl in CHAIN_DDL:
+        eng.sql(ddl)
+    _chain_dml(eng, rng, 300)
+    fills = {"t2": [{"bk": k, "ck": k % 12, "w": k} for k in range(40)],
+             "t3": [{"ck": k, "dk": k % 5, "label": f"l{k % 4}"} for k in range(12)],
+             "t4": [{"dk": k, "tag": f"g{k % 3}"} for k in range(5)]}
+    for table in ("t2", "t3", "t4"):
+        if table in tables:
+            eng.insert(table, fills[table])
+    eng.step()
+    return {n: n for n in ("t1", *tables)}
+
+
 def _chain_dml(eng, rng: random.Random, n: int) -> None:
     eng.insert("t1", [{"id": rng.randrange(400), "bk": rng.randrange(40),
                        "v": rng.randrange(100)} for _ in range(n)])
@@ -682,14 +702,7 @@ def test_join_chains_created_online_match_batch_every_epoch(spark, tmp_path, str
     warehouse = tmp_path / "wh"
     eng = Engine(warehouse, spark=spark)
     try:
-        for ddl in CHAIN_DDL:
-            eng.sql(ddl)
-        _chain_dml(eng, rng, 300)
-        eng.insert("t2", [{"bk": k, "ck": k % 12, "w": k} for k in range(40)])
-        eng.insert("t3", [{"ck": k, "dk": k % 5, "label": f"l{k % 4}"} for k in range(12)])
-        eng.insert("t4", [{"dk": k, "tag": f"g{k % 3}"} for k in range(5)])
-        eng.step()
-        names = {n: n for n in ("t1", "t2", "t3", "t4")}
+        names = _chain_tables(eng, rng, ("t2", "t3", "t4"))
         for name, (sql, _) in shapes.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = '{strategy}', "
                     f"backfill_chunk_rows = 1000) AS " + sql.format(**names))
@@ -746,26 +759,12 @@ def test_top_n_created_online_matches_batch_every_epoch(spark, tmp_path):
     rng = random.Random(23)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
-        for ddl in CHAIN_DDL:
-            eng.sql(ddl)
-        _chain_dml(eng, rng, 300)
-        eng.insert("t2", [{"bk": k, "ck": k % 12, "w": k} for k in range(40)])
-        eng.insert("t3", [{"ck": k, "dk": k % 5, "label": f"l{k % 4}"} for k in range(12)])
-        eng.step()
-        names = {n: n for n in ("t1", "t2", "t3")}
+        names = _chain_tables(eng, rng, ("t2", "t3"))
         for name, (sql, _) in TOP_N_SHAPES.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} AS " + sql.format(**names))
         assert "TopN  order=(s DESC, bk) limit=5" in eng.explain("topg")
-        checked = 0
-        for n in range(20):
-            _chain_dml(eng, rng, 25)
-            report = eng.step()
-            for name, (sql, tables) in TOP_N_SHAPES.items():
-                if eng.progress(name).state == "created":
-                    check(eng, spark, name, sql, tables, report.epoch)
-                    checked += 1
-            if n >= 3 and all(eng.progress(m).state == "created" for m in TOP_N_SHAPES):
-                break
+        checked = step_checking_until_created(eng, spark, TOP_N_SHAPES,
+                                              lambda: _chain_dml(eng, rng, 25), 20, 4)
         assert checked >= 6
         assert eng.read("topg").count() == 5 and eng.read("topr").count() == 7
         assert eng.read("topj").count() == 6
@@ -800,24 +799,11 @@ def test_subqueries_created_online_match_batch_every_epoch(spark, tmp_path):
     rng = random.Random(29)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
-        for ddl in CHAIN_DDL:
-            eng.sql(ddl)
-        _chain_dml(eng, rng, 300)
-        eng.insert("t2", [{"bk": k, "ck": k % 12, "w": k} for k in range(40)])
-        eng.step()
-        names = {n: n for n in ("t1", "t2")}
+        names = _chain_tables(eng, rng, ("t2",))
         for name, (sql, _) in SUBQUERY_SHAPES.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} AS " + sql.format(**names))
-        checked = 0
-        for n in range(20):
-            _chain_dml(eng, rng, 25)
-            report = eng.step()
-            for name, (sql, tables) in SUBQUERY_SHAPES.items():
-                if eng.progress(name).state == "created":
-                    check(eng, spark, name, sql, tables, report.epoch)
-                    checked += 1
-            if n >= 3 and all(eng.progress(m).state == "created" for m in SUBQUERY_SHAPES):
-                break
+        checked = step_checking_until_created(eng, spark, SUBQUERY_SHAPES,
+                                              lambda: _chain_dml(eng, rng, 25), 20, 4)
         assert checked >= 8
         for name in SUBQUERY_SHAPES:
             assert eng.read(name).count() > 0, name
