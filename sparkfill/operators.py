@@ -370,7 +370,8 @@ class MvDataflow:
         MV's rows by group) updated by the signed input Δ — counts and exact sums
         add, a min/max takes the arriving extreme. Only a group whose Δ retracts
         its min/max without replacing it reads its input rows (from the state)."""
-        assert spec.running is not None
+        running = spec.running
+        assert running is not None
         delta = written.delta
         names = [c.name for c in mv.columns]
         types = {c.name: c.type for c in mv.columns}
@@ -379,7 +380,7 @@ class MvDataflow:
         # the signed input Δ summed per group, as SQL text (one driver call for all)
         weight = f"(CASE WHEN {OP} IN ('+', 'U+') THEN 1 ELSE -1 END)"
         parts = [f"sum({weight}) AS _sf_d"]
-        for name, kind, arg in spec.running:
+        for name, kind, arg in running:
             x = q(arg) if arg else "1"  # count(*) counts every row
             if kind == "count":
                 parts.append(
@@ -412,55 +413,66 @@ class MvDataflow:
         def d(column: str) -> str:
             return f"coalesce({q(column)}, 0)"
 
-        new = [f"coalesce({was(GROUP_ROWS)}, 0) + _sf_d AS {GROUP_ROWS}"]
-        retracted: list[str] = []
-        for name, kind, _ in spec.running:
-            if kind in ("count", "count_if"):
-                value = f"coalesce({was(name)}, 0) + {d(name + '_d')}"
-            elif kind == "sum":
-                non_null = running_count_column(name)
-                n = f"(coalesce({was(non_null)}, 0) + {d(name + '_dn')})"
-                new.append(f"{n} AS {q(non_null)}")
-                value = (f"CASE WHEN {n} = 0 THEN NULL "
-                         f"ELSE coalesce({was(name)}, 0) + {d(name + '_d')} END")
-            else:
-                arriving, leaving = q(f"{name}_in"), q(f"{name}_out")
-                cmp = ">=" if kind == "max" else "<="
-                retracted.append(f"(coalesce({leaving} {cmp} {was(name)}, FALSE) AND NOT "
-                                 f"coalesce({arriving} {cmp} {was(name)}, FALSE))")
-                value = f"{'greatest' if kind == 'max' else 'least'}({was(name)}, {arriving})"
-            new.append(f"CAST({value} AS {types[name]}) AS {q(name)}")
-        updated = joined.selectExpr(GROUP_OF_ROW, *[q(g) for g in spec.group], *new,
-                                    f"{' OR '.join(retracted) or 'FALSE'} AS _sf_recompute",
-                                    BEFORE)
-        value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
-                      *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
-        new_values = updated
-        if retracted and any(op in written.counts for op in BEFORE_OPS):
+        def new_values_sql(recomputed: bool) -> list[str]:
+            """Each group's new hidden values; with ``recomputed``, a group marked
+            ``_sf_lost`` takes its min/max from the joined ``_sf_re`` columns."""
+            new = [f"coalesce({was(GROUP_ROWS)}, 0) + _sf_d AS {GROUP_ROWS}"]
+            for name, kind, _ in running:
+                if kind in ("count", "count_if"):
+                    value = f"coalesce({was(name)}, 0) + {d(name + '_d')}"
+                elif kind == "sum":
+                    non_null = running_count_column(name)
+                    n = f"(coalesce({was(non_null)}, 0) + {d(name + '_dn')})"
+                    new.append(f"{n} AS {q(non_null)}")
+                    value = (f"CASE WHEN {n} = 0 THEN NULL "
+                             f"ELSE coalesce({was(name)}, 0) + {d(name + '_d')} END")
+                else:
+                    extreme = "greatest" if kind == "max" else "least"
+                    value = f"{extreme}({was(name)}, {q(name + '_in')})"
+                    if recomputed:
+                        value = f"IF(_sf_lost, {q('_sf_re' + name)}, {value})"
+                new.append(f"CAST({value} AS {types[name]}) AS {q(name)}")
+            return new
+
+        # a group lost its extreme when the Δ retracts a value at it and brings none
+        # at or beyond it
+        lost = " OR ".join(
+            f"(coalesce({q(name + '_out')} {'>=' if kind == 'max' else '<='} {was(name)}, FALSE)"
+            f" AND NOT coalesce({q(name + '_in')} {'>=' if kind == 'max' else '<='} "
+            f"{was(name)}, FALSE))"
+            for name, kind, _ in running if kind in ("min", "max"))
+        lost_groups: list[tuple[str, int]] = []
+        if lost and any(op in written.counts for op in BEFORE_OPS):
             # the groups that lost their extreme (and still have rows): a small collect,
             # only when rows left (an insert-only Δ retracts nothing)
-            lost_groups = [(str(r[0]), int(r[1])) for r in updated.where(
-                F.col("_sf_recompute") & (F.col(GROUP_ROWS) > 0)).select(
+            lost_groups = [(str(r[0]), int(r[1])) for r in joined.selectExpr(
+                GROUP_OF_ROW, f"({lost}) AS _sf_lost", *new_values_sql(False)).where(
+                f"_sf_lost AND {GROUP_ROWS} > 0").select(
                 GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW])).collect()]
             self.store.spark_jobs += 1
-            if lost_groups:
-                groups = sorted({g for g, _ in lost_groups})
-                cols = [c.name for c in agg_state.columns]
-                old_input = self.store.lookup(agg_state.stored, epoch - 1, groups,
-                                              vnodes=sorted({v for _, v in lost_groups})
-                                              ).select(*cols)
-                in_groups = values_in(GROUP_OF_ROW, groups)
-                assert in_groups is not None  # JSON strings
-                new_input = self._apply(old_input, delta.where(in_groups), agg_state)
-                recomputed = self._group_values(spec, new_input).withColumn(
-                    GROUP_OF_ROW, _group_json(spec.group, row_types)).join(
-                    updated.select(GROUP_OF_ROW, BEFORE), GROUP_OF_ROW)
-                new_values = updated.where(
-                    ~F.col("_sf_recompute") | (F.col(GROUP_ROWS) <= 0)).select(*value_cols) \
-                    .unionByName(recomputed.select(
-                        *[F.col(c).cast(types[c]) if c in types else F.col(c)
-                          for c in value_cols]))
-        new_values = new_values.select(*value_cols)
+        if lost_groups:
+            # their extremes recomputed from their input rows (the state's rows of those
+            # groups with the Δ applied) and joined in beside the running values
+            groups = sorted({g for g, _ in lost_groups})
+            cols = [c.name for c in agg_state.columns]
+            old_input = self.store.lookup(agg_state.stored, epoch - 1, groups,
+                                          vnodes=sorted({v for _, v in lost_groups})
+                                          ).select(*cols)
+            in_groups = values_in(GROUP_OF_ROW, groups)
+            assert in_groups is not None  # JSON strings
+            new_input = self._apply(old_input, delta.where(in_groups), agg_state)
+            recomputed = self._group_values(spec, new_input).selectExpr(
+                f"{_group_json_sql(spec.group, row_types)} AS {GROUP_OF_ROW}",
+                "TRUE AS _sf_lost",
+                *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running
+                  if kind in ("min", "max")])
+            joined = joined.join(recomputed, GROUP_OF_ROW, "left").withColumn(
+                "_sf_lost", F.coalesce(F.col("_sf_lost"), F.lit(False)))
+        value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
+                      *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
+        new_values = joined.selectExpr(GROUP_OF_ROW, *[q(g) for g in spec.group],
+                                       *new_values_sql(bool(lost_groups)), BEFORE
+                                       ).select(*value_cols)
         # a group's change: its old row (the before-image) against its new values
         # (none when its last row left)
         live = self._outputs(mv, spec, new_values.where(f"{GROUP_ROWS} > 0"), row_types,
