@@ -45,11 +45,7 @@ from .planner import GROUP_OF_ROW, JOIN_KEY
 from .relation_store import DataFile, RelationStore
 from .schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
 
-__all__ = ["JobControl", "SnapshotJob", "chunk_plan", "job_status", "leaf_span",
-           "SCHEDULER_POOL"]
-
-#: the FAIR scheduler pool of phase 1's Spark jobs
-SCHEDULER_POOL = "sparkfill_snapshot"
+__all__ = ["JobControl", "SnapshotJob", "chunk_plan", "job_status", "leaf_span"]
 
 
 @dataclass
@@ -124,19 +120,20 @@ class SnapshotJob(threading.Thread):
         self.group = f"sparkfill-snapshot-{mv.id}"
 
     def run(self) -> None:
-        sc = self.spark.sparkContext
-        sc.setLocalProperty("spark.scheduler.pool", SCHEDULER_POOL)
-        sc.setJobGroup(self.group, f"snapshot backfill of {self.mv.name}",
-                       interruptOnCancel=True)
+        # the session's operation tag (thread-local: this thread's Spark jobs only)
+        # lets ``cancel`` interrupt them, on a classic and a Spark Connect session alike
+        self.spark.addTag(self.group)
         try:
             self._run()
         except Exception as exc:  # reported through progress; the job restarts on open
             if not self.control.cancelled.is_set():
                 self.control.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.spark.removeTag(self.group)
 
     def cancel(self) -> None:
         self.control.cancelled.set()
-        self.spark.sparkContext.cancelJobGroup(self.group)
+        self.spark.interruptTag(self.group)
 
     # --- phase 1 --------------------------------------------------------------------------
 
@@ -167,7 +164,9 @@ class SnapshotJob(threading.Thread):
         rows = self.store.snapshot(leaf.stored, self.s,
                                    vnodes=range(chunk["lo"], chunk["hi"] + 1),
                                    files=self.leaf_files[chunk["leaf"]])
-        if rows.rdd.getNumPartitions() < self.parallelism:  # few files: spread the work
+        files = [f for f in self.leaf_files[chunk["leaf"]]
+                 if f.vnode_max >= chunk["lo"] and f.vnode_min <= chunk["hi"]]
+        if len(files) < self.parallelism:  # fewer files than tasks: spread the work
             rows = rows.repartition(self.parallelism)
         # one Spark job per chunk: the rows read are counted by the write itself
         observed = Observation(f"chunk-{chunk['leaf']}-{chunk['lo']}")

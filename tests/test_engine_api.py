@@ -409,3 +409,27 @@ def test_a_warehouse_uri_of_another_scheme_is_refused_creating_nothing(spark, tm
         assert eng.path == tmp_path / "wh" and (tmp_path / "wh" / "meta.sqlite").is_file()
     finally:
         eng.close()
+
+
+#: what only a classic (JVM-backed) session has: not used, so Spark Connect runs it too
+CLASSIC_ONLY_ATTRIBUTES = {"sparkContext", "_jdf", "_jsc", "_jvm", "_jsparkSession", "rdd"}
+
+
+def test_the_engine_uses_no_classic_only_spark_api():
+    """No module of the package reads an attribute only a classic session has (the
+    SparkContext, the JVM handles, RDDs) or imports py4j."""
+    import ast
+
+    import sparkfill
+
+    found = []
+    for path in sorted(Path(sparkfill.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in CLASSIC_ONLY_ATTRIBUTES:
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n.split(".")[0] == "py4j" for n in names):
+                    found.append(f"{path.name}:{node.lineno} import py4j")
+    assert not found, found
