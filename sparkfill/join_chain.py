@@ -9,8 +9,9 @@ MV the dataflow already maintains (created with its owner, hidden, dropped with 
 - a derived table that aggregates, joins or is DISTINCT is a link of its own, read
   under its alias (aggregates over aggregates);
 - ``ORDER BY ... LIMIT`` reads a link holding the rows before it (a top-N MV);
-- ``IN``/``EXISTS`` subqueries arrive as derived tables of their distinct keys
-  (``rewrite.py``), so they are links too.
+- subqueries arrive as derived tables joined to the query (``subqueries.py``), so
+  they are links too; a one-row link (an uncorrelated scalar subquery) is joined on
+  a constant key (``ON 1 = s.__sf_one``).
 
 ``split_joins``: A query ``FROM a0 JOIN a1 ON c1 JOIN
 a2 ON c2 ... JOIN an ON cn`` becomes internal MVs
@@ -21,10 +22,11 @@ a2 ON c2 ... JOIN an ON cn`` becomes internal MVs
 and the MV itself reads ``j(n-1) JOIN an ON cn`` with the rest of the query (the
 chain rule: the incremental form of a composition is the composition of the
 incremental forms; each link is a two-way join the dataflow maintains). Joins
-are left-deep in the order written; a ``LEFT JOIN`` stays a ``LEFT JOIN`` at its
-link. A ``WHERE`` conjunct moves down to the first link that holds all the
-relations it reads, while every join up to that link is inner (below a LEFT
-JOIN a filter would change which rows are null-extended). Internal columns are
+are left-deep in the order written; an outer join stays one at its link. A
+``WHERE`` conjunct moves down to the first link that holds all the relations it
+reads, while every join up to that link is inner (below a LEFT JOIN a filter
+would change which rows are null-extended) and no RIGHT or FULL join follows
+(it null-extends the relations before it). Internal columns are
 named ``<alias>__<column>``; the MV's own output names do not change.
 """
 
@@ -46,13 +48,9 @@ from .planner import (
     plan_materialized_view,
     rewrite_top_n,
 )
-from .rewrite import conjuncts
+from .sql_tree import ColumnsOf, conjuncts
 
 __all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
-
-#: a relation's visible column names (None: unknown relation)
-ColumnsOf = Callable[[str], Sequence[str] | None]
-
 
 @dataclass(frozen=True)
 class ChainLink:
@@ -120,13 +118,19 @@ def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
     def internal_column(i: int, name: str) -> str:
         return f"{aliases[i]}__{name}"
 
+    def joins_before(c: exp.Expr, k: int) -> bool:
+        """An equality of a column of relation ``k`` with a column of one before it,
+        or (on the left) with a constant."""
+        if not (isinstance(c, exp.EQ) and isinstance(c.expression, exp.Column)):
+            return False
+        if isinstance(c.this, exp.Literal):
+            return alias_index(c.expression) == k
+        sides = (alias_index(c.this), alias_index(c.expression)) \
+            if isinstance(c.this, exp.Column) else (None, None)
+        return k in sides and any(i is not None and i < k for i in sides)
+
     for k, join in enumerate(joins, start=1):
-        if not any(isinstance(c, exp.EQ) and isinstance(c.this, exp.Column)
-                   and isinstance(c.expression, exp.Column)
-                   and {alias_index(c.this), alias_index(c.expression)} & {k}
-                   and any(i is not None and i < k
-                           for i in (alias_index(c.this), alias_index(c.expression)))
-                   for c in conjuncts(join.args.get("on"))):
+        if not any(joins_before(c, k) for c in conjuncts(join.args.get("on"))):
             raise UnsupportedQuery(
                 f"the join condition {join.args['on'].sql(dialect='spark')} has no equality "
                 f"between a column of {aliases[k]} and a column of the relations before it; "
@@ -145,6 +149,10 @@ def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
         if (join.args.get("side") or "").upper():
             break
         inner_upto = k
+    if any((j.args.get("side") or "").upper() in ("RIGHT", "FULL") for j in joins):
+        # a RIGHT/FULL join null-extends the relations before it: a filter on them
+        # must stay above it
+        inner_upto = 0
     kept = []
     for cond in remaining:
         if cond.find(exp.AggFunc, exp.Subquery, exp.Select) is not None:

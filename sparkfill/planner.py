@@ -7,8 +7,9 @@ the query; every stream key (the MV's and each state table's) is non-null, so
 keys compare with plain equality everywhere:
 
 * filter/project over one relation: the upstream's key;
-* a join: both sides' keys (for a LEFT JOIN, the right side's key as one JSON
-  string, ``"{}"`` when a left row has no match);
+* a join: both sides' keys (for a side an outer join may null-extend — the right
+  of a LEFT JOIN, the left of a RIGHT JOIN, both of a FULL JOIN — that side's key
+  as one JSON string, ``"{}"`` on a row without a match);
 * an aggregate or ``DISTINCT``: ``_sf_k_group``, the group's values as JSON;
 * ``UNION ALL``: the branch's number and the branch row's upstream key as JSON.
 
@@ -39,8 +40,9 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from .errors import SqlError, UnknownRelation, UnsupportedQuery
-from .rewrite import ColumnsOf, has_star, rewrite_query
+from .rewrite import rewrite_query
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
+from .sql_tree import ColumnsOf, has_star
 
 __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
@@ -84,8 +86,11 @@ _CLAUSES = {
     "qualify": "QUALIFY",
     "laterals": "LATERAL VIEW",
     "windows": "WINDOW",
-    "with": "WITH (common table expressions; create an MV per subquery instead)",
-    "with_": "WITH (common table expressions; create an MV per subquery instead)",
+    # (a non-recursive CTE was inlined by ``rewrite_query``)
+    "with": "a recursive CTE (WITH RECURSIVE), or a CTE that names its columns "
+            "(WITH x(a, b) AS ...: alias them in its SELECT instead),",
+    "with_": "a recursive CTE (WITH RECURSIVE), or a CTE that names its columns "
+             "(WITH x(a, b) AS ...: alias them in its SELECT instead),",
 }
 
 
@@ -99,7 +104,7 @@ class Leaf:
 
 @dataclass(frozen=True)
 class JoinSpec:
-    how: str  # "inner" | "left"
+    how: str  # "inner" | "left" | "right" | "full"
     on: str  # the whole ON condition, Spark SQL
     #: per side, the Spark SQL expressions (over that side's columns) of the join key,
     #: cast to a common type, so both sides' JSON of equal keys is equal
@@ -121,6 +126,12 @@ class AggSpec:
 
 #: hidden MV column of a running aggregate: the rows of the group
 GROUP_ROWS = "_sf_rows"
+#: the sides (0 left, 1 right) whose columns a join of each kind may fill with NULLs
+NULL_EXTENDED_SIDES: dict[str, frozenset[int]] = {
+    "inner": frozenset(), "left": frozenset({1}), "right": frozenset({0}),
+    "full": frozenset({0, 1})}
+
+
 def running_count_column(agg_column: str) -> str:
     """Hidden MV column of a running ``sum``: the non-null values it adds up."""
     return f"{agg_column}_n"
@@ -381,18 +392,12 @@ def _check_shape(query: exp.Expr) -> exp.Query:
                                    "create an MV for the subquery and select from it")
     for j in joins:
         kind = (j.args.get("kind") or "").upper()
-        side = (j.args.get("side") or "").upper()
         if kind == "CROSS" or (not j.args.get("on") and not j.args.get("using")):
             raise UnsupportedQuery("a join without ON (cross join) is not supported; "
                                    "join ON equalities of columns")
         if j.args.get("using"):
             raise UnsupportedQuery("JOIN ... USING is not supported; write JOIN ... ON "
                                    "a.col = b.col")
-        if side in ("RIGHT", "FULL"):
-            raise UnsupportedQuery(
-                f"{side} OUTER JOIN is not supported; swap the sides and use LEFT JOIN"
-                if side == "RIGHT" else "FULL OUTER JOIN is not supported; use INNER or "
-                "LEFT JOIN")
         if kind in ("SEMI", "ANTI") or j.args.get("method"):
             raise UnsupportedQuery(f"{kind or j.args.get('method')} JOIN is not supported")
     if query.args.get("distinct") and (query.args.get("group") or _aggregates(query)):
@@ -404,8 +409,14 @@ def _check_shape(query: exp.Expr) -> exp.Query:
         if isinstance(node, exp.Window):
             raise UnsupportedQuery("window functions (OVER ...) are not supported in an MV")
         if isinstance(node, exp.Select | exp.Subquery):
-            raise UnsupportedQuery("subqueries are not supported in an MV; create an MV for "
-                                   "the subquery and join it")
+            outer = node.parent if isinstance(node.parent, exp.In | exp.Exists) else node
+            text = outer.sql(dialect="spark")
+            raise UnsupportedQuery(
+                f"this subquery cannot be maintained: {text[:200]}"
+                f"{'...' if len(text) > 200 else ''}; supported subqueries are [NOT] IN "
+                "over an uncorrelated subquery, [NOT] EXISTS correlated by equalities (and "
+                "at most one comparison), and scalar subqueries that aggregate, uncorrelated "
+                "or correlated by equalities")
         if isinstance(node, exp.AggFunc) and not isinstance(node, SUPPORTED_AGGS):
             raise UnsupportedQuery(
                 f"aggregate {node.sql(dialect='spark')} is not supported; supported are "
@@ -564,16 +575,22 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
     join = joins[0]
     on = join.args["on"]
     conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
-    pairs: list[tuple[exp.Column, exp.Column]] = []
+    # (left, right) key pairs; a constant on the left joins a right side on a constant
+    # key (a one-row relation: every left row meets it)
+    pairs: list[tuple[exp.Column | exp.Literal, exp.Column]] = []
     for c in conjuncts:
-        if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) \
-                and isinstance(c.expression, exp.Column):
-            left, right = c.this, c.expression
+        if not isinstance(c, exp.EQ):
+            continue
+        left, right = c.this, c.expression
+        if isinstance(left, exp.Column) and isinstance(right, exp.Column):
             sides = (scope.side_of(left), scope.side_of(right))
             if sides == (0, 1):
                 pairs.append((left, right))
             elif sides == (1, 0):
                 pairs.append((right, left))
+        elif isinstance(left, exp.Literal) and isinstance(right, exp.Column) \
+                and scope.side_of(right) == 1:
+            pairs.append((left, right))
     if not pairs:
         raise UnsupportedQuery(
             f"the join condition {on.sql(dialect='spark')} has no equality between a column "
@@ -585,10 +602,13 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
     left_exprs, right_exprs = [], []
     for i, (a, b) in enumerate(pairs):
         common = schema.fields[i].dataType.elementType.simpleString()  # type: ignore[attr-defined]
-        left_exprs.append(f"CAST(`{_leaf_column(scope, a)}` AS {common})")
+        left_exprs.append(f"CAST({a.sql(dialect='spark')} AS {common})"
+                          if isinstance(a, exp.Literal)
+                          else f"CAST(`{_leaf_column(scope, a)}` AS {common})")
         right_exprs.append(f"CAST(`{_leaf_column(scope, b)}` AS {common})")
     side = (join.args.get("side") or "").upper()
-    return JoinSpec("left" if side == "LEFT" else "inner", on.sql(dialect="spark"),
+    return JoinSpec(side.lower() if side in ("LEFT", "RIGHT", "FULL") else "inner",
+                    on.sql(dialect="spark"),
                     (tuple(left_exprs), tuple(right_exprs)))
 
 
@@ -631,11 +651,12 @@ def plan_materialized_view(
     _check_names(names)
     visible = [_column_of(f.name, f.dataType.simpleString(), True) for f in schema.fields]
 
-    # the row stage's key: both leaves' keys (a LEFT JOIN's right key as one JSON string)
+    # the row stage's key: both leaves' keys (the key of a side an outer join may
+    # null-extend as one JSON string: "{}" on a null-extended row)
     row_key_exprs: list[tuple[str, str, str | None]] = []  # (name, sql, type or None=probe)
     for i, (alias, info) in enumerate(scope.leaves):
         prefix = HIDDEN_PREFIX if len(scope.leaves) == 1 else f"{HIDDEN_PREFIX}{alias}_"
-        if join is not None and join.how == "left" and i == 1:
+        if join is not None and i in NULL_EXTENDED_SIDES[join.how]:
             fields = ", ".join(f"`{alias}`.`{k}` AS k{n}" for n, k in enumerate(info.key))
             row_key_exprs.append((f"{HIDDEN_PREFIX}{alias}", f"to_json(struct({fields}))",
                                   "string"))

@@ -18,9 +18,10 @@ plan is built from the rewritten tree.
   common to every branch: ``(a AND b) OR (a AND c)`` becomes ``a AND (b OR c)``
   (distributivity holds in SQL's three-valued logic), so a join equality written
   in each branch (TPC-H q19) is found.
-- ``x IN (SELECT y ...)`` and ``EXISTS (SELECT ... WHERE inner.a = outer.b ...)`` as
-  conjuncts of ``WHERE`` are semi-joins: inner joins with a derived table of the
-  subquery's distinct keys (``_semi_joins``).
+- A non-recursive CTE is inlined: each reference to it becomes a derived table of
+  its query (then merged, or compiled as a link, like any derived table).
+- Subqueries in ``WHERE``, ``HAVING`` and the SELECT list become joins with derived
+  tables (``subqueries.py``), innermost first.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
   the relations before it becomes an inner join ``ON`` those equalities; the rest
   of the ``WHERE`` stays. A list of comma joins is first put in an order where
@@ -37,23 +38,57 @@ from sqlglot import exp
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
-__all__ = ["rewrite_query", "ColumnsOf", "conjuncts", "has_star"]
+from .sql_tree import ColumnsOf, conjuncts, has_star
+from .subqueries import decorrelate
 
-#: a relation's column names by relation name (None: unknown relation)
-ColumnsOf = Callable[[str], Sequence[str] | None]
+__all__ = ["rewrite_query", "ColumnsOf", "conjuncts", "has_star"]
 
 
 def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
-    query = _merge_derived_tables(query.copy(), columns_of)
+    query = _merge_derived_tables(_inline_ctes(query.copy()), columns_of)
     _drop_order(query)
-    for select in list(query.find_all(exp.Select)):
+    for select in reversed(list(query.find_all(exp.Select))):  # innermost first
         _filters_to_case(select)
         _factor_where(select)
         _comma_joins_to_inner(select, columns_of)
-        _semi_joins(select, columns_of)
+        decorrelated = decorrelate(select, columns_of)
+        if decorrelated is not select:
+            if select is query:
+                query = decorrelated
+            else:
+                select.replace(decorrelated)
     return query
+
+
+def _inline_ctes(query: exp.Expr) -> exp.Expr:
+    """``query`` with each reference to a CTE of its (non-recursive) WITH replaced by
+    a derived table of the CTE's query; as written when a CTE names its columns."""
+    with_ = query.args.get("with") or query.args.get("with_")
+    if with_ is None or with_.args.get("recursive") or any(
+            cte.args.get("alias") is not None and cte.args["alias"].args.get("columns")
+            for cte in with_.expressions):
+        return query
+    ctes: dict[str, exp.Expr] = {}
+    for cte in with_.expressions:
+        body = cte.this.copy()
+        _replace_references(body, ctes)  # to the CTEs before it
+        ctes[cte.alias_or_name.lower()] = body
+    for arg in ("with", "with_"):
+        if arg in query.args:
+            query.set(arg, None)
+    _replace_references(query, ctes)
+    return query
+
+
+def _replace_references(tree: exp.Expr, ctes: dict[str, exp.Expr]) -> None:
+    for table in list(tree.find_all(exp.Table)):
+        if not table.args.get("db") and not isinstance(table.this, exp.Func) \
+                and table.name.lower() in ctes:
+            table.replace(exp.Subquery(
+                this=ctes[table.name.lower()].copy(),
+                alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name))))
 
 
 def _merge_derived_tables(query: exp.Expr, columns_of: ColumnsOf | None) -> exp.Expr:
@@ -142,21 +177,18 @@ def _when(cond: exp.Expr, value: exp.Expr) -> exp.Expr:
     return exp.Case(ifs=[exp.If(this=cond.copy(), true=value.copy())])
 
 
-def conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
-    """The terms of an AND (the expression itself when it is not one)."""
-    if expr is None:
-        return []
-    return list(expr.flatten()) if isinstance(expr, exp.And) else [expr]
-
-
-def has_star(select: exp.Select) -> bool:
-    """Whether the SELECT list holds ``*`` or ``alias.*``."""
-    return any(isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
-               for e in select.expressions)
-
-
 def _relation_names(rel: exp.Expr) -> set[str]:
-    return {rel.alias_or_name.lower()} if isinstance(rel, exp.Table) else set()
+    return {rel.alias_or_name.lower()} if isinstance(rel, exp.Table) or \
+        isinstance(rel, exp.Subquery) and rel.alias else set()
+
+
+def _relation_columns(rel: exp.Expr, columns_of: ColumnsOf) -> list[str]:
+    """A table's columns, or a derived table's output names."""
+    if isinstance(rel, exp.Table):
+        return list(columns_of(rel.name) or ())
+    if isinstance(rel, exp.Subquery) and isinstance(rel.this, exp.Select):
+        return [e.alias_or_name for e in rel.this.expressions if e.alias_or_name]
+    return []
 
 
 def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> None:
@@ -167,8 +199,8 @@ def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> N
     # which relation (alias) each unqualified column name belongs to, when only one has it
     owners: dict[str, set[str]] = {}
     for rel in [from_.this, *[j.this for j in joins]]:
-        if isinstance(rel, exp.Table) and columns_of is not None:
-            for col in columns_of(rel.name) or ():
+        if _relation_names(rel) and columns_of is not None:
+            for col in _relation_columns(rel, columns_of):
                 owners.setdefault(col.lower(), set()).add(rel.alias_or_name.lower())
 
     def table_of(col: exp.Column) -> str | None:
@@ -234,119 +266,3 @@ def _joins_to(cond: exp.Expr, names: set[str], before: set[str],
         return False
     sides = {left, right}
     return bool(sides & names) and bool(sides & before) and sides <= (names | before)
-
-
-def _semi_joins(select: exp.Select, columns_of: ColumnsOf | None) -> None:
-    """``WHERE ... AND x IN (SELECT y ...)`` and ``WHERE ... AND EXISTS (SELECT ...
-    WHERE inner.a = outer.b AND <inner conditions>)`` (a conjunct of ``WHERE``, not
-    negated) become inner joins with a derived table of the subquery's DISTINCT
-    keys: a semi-join keeps each outer row once when a match exists, and a join
-    with a set of distinct keys does the same. NULL keys match nothing either way.
-    A subquery of another form stays (and is refused)."""
-    where = select.args.get("where")
-    from_ = select.args.get("from_") or select.args.get("from")
-    if where is None or from_ is None or has_star(select):
-        return  # (``*`` would list the joined keys too)
-    kept: list[exp.Expr] = []
-    joins: list[exp.Join] = []
-    for cond in conjuncts(where.this):
-        alias = f"__sf_semi{len(joins) + 1}"
-        derived, on = None, None
-        if isinstance(cond, exp.In) and isinstance(cond.args.get("query"), exp.Expr):
-            derived, on = _in_subquery(cond, alias, columns_of)
-        elif isinstance(cond, exp.Exists) and isinstance(cond.this, exp.Select):
-            derived, on = _exists_subquery(cond.this, alias, columns_of)
-        if derived is None or on is None:
-            kept.append(cond)
-            continue
-        joins.append(exp.Join(this=exp.Subquery(this=derived,
-                                                alias=exp.TableAlias(this=exp.to_identifier(alias))),
-                              on=on))
-    if not joins:
-        return
-    for join in joins:
-        select.append("joins", join)
-    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
-
-
-def _in_subquery(cond: exp.In, alias: str, columns_of: ColumnsOf | None,
-                 ) -> tuple[exp.Select | None, exp.Expr | None]:
-    query = cond.args["query"]
-    sub = query.this if isinstance(query, exp.Subquery) else query
-    if not isinstance(sub, exp.Select) or len(sub.expressions) != 1 \
-            or isinstance(sub.expressions[0], exp.Star) or _correlated(sub, columns_of):
-        return None, None
-    value = sub.expressions[0].unalias()
-    group = sub.args.get("group")
-    keyed = group is not None and any(value == g for g in group.expressions) \
-        and len(group.expressions) == 1
-    if group is not None and not keyed:
-        return None, None  # distinct over an aggregate's output: not rewritten
-    derived = sub.copy()
-    derived.set("expressions", [exp.alias_(value.copy(), "k")])
-    if not keyed:
-        derived.set("distinct", exp.Distinct())
-    return derived, exp.EQ(this=cond.this.copy(), expression=exp.column("k", table=alias))
-
-
-def _inner_scope(sub: exp.Select, columns_of: ColumnsOf | None,
-                 ) -> tuple[set[str], set[str]] | None:
-    """The aliases of ``sub``'s own relations and their column names (lower case; none
-    without ``columns_of``); None when one of them is not a table."""
-    from_ = sub.args.get("from_") or sub.args.get("from")
-    inner = [from_.this, *[j.this for j in sub.args.get("joins") or []]] if from_ else []
-    if not inner or not all(isinstance(t, exp.Table) for t in inner):
-        return None
-    return ({t.alias_or_name.lower() for t in inner},
-            {c.lower() for t in inner for c in (columns_of(t.name) or ())}
-            if columns_of is not None else set())
-
-
-def _reads_inner(col: exp.Column, scope: tuple[set[str], set[str]]) -> bool:
-    names, columns = scope
-    return col.table.lower() in names if col.table else col.name.lower() in columns
-
-
-def _correlated(sub: exp.Select, columns_of: ColumnsOf | None) -> bool:
-    """Whether ``sub`` reads a column of a relation outside its own FROM (or, without
-    the relations' columns, might)."""
-    scope = _inner_scope(sub, columns_of)
-    return columns_of is None or scope is None or not all(
-        _reads_inner(c, scope) for c in sub.find_all(exp.Column))
-
-
-def _exists_subquery(sub: exp.Select, alias: str, columns_of: ColumnsOf | None,
-                     ) -> tuple[exp.Select | None, exp.Expr | None]:
-    if sub.args.get("group") or sub.args.get("having") or sub.args.get("limit"):
-        return None, None
-    scope = _inner_scope(sub, columns_of)
-    if scope is None:
-        return None, None
-
-    def is_inner(col: exp.Column) -> bool:
-        assert scope is not None
-        return _reads_inner(col, scope)
-
-    where = sub.args.get("where")
-    local: list[exp.Expr] = []
-    pairs: list[tuple[exp.Column, exp.Column]] = []
-    for cond in conjuncts(where.this if where is not None else None):
-        cols = list(cond.find_all(exp.Column))
-        if all(is_inner(c) for c in cols):
-            local.append(cond)
-        elif isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column) \
-                and isinstance(cond.expression, exp.Column) \
-                and is_inner(cond.this) != is_inner(cond.expression):
-            a, b = cond.this, cond.expression
-            pairs.append((a, b) if is_inner(a) else (b, a))
-        else:
-            return None, None  # correlated other than by equality: not rewritten
-    if not pairs:
-        return None, None
-    derived = sub.copy()
-    derived.set("expressions", [exp.alias_(i.copy(), f"k{n}") for n, (i, _) in enumerate(pairs)])
-    derived.set("distinct", exp.Distinct())
-    derived.set("where", exp.Where(this=exp.and_(*[c.copy() for c in local])) if local else None)
-    on = exp.and_(*[exp.EQ(this=o.copy(), expression=exp.column(f"k{n}", table=alias))
-                    for n, (_, o) in enumerate(pairs)])
-    return derived, on

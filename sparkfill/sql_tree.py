@@ -1,0 +1,42 @@
+"""Small helpers over sqlglot trees shared by the rewrites, the planner and the join
+chain.
+
+Invariant: none of them changes the tree it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sqlglot import exp
+
+__all__ = ["ColumnsOf", "conjuncts", "has_star", "from_of", "sources_of"]
+
+#: a relation's column names by relation name (None: unknown relation)
+ColumnsOf = Callable[[str], Sequence[str] | None]
+
+
+def conjuncts(expr: exp.Expr | None) -> list[exp.Expr]:
+    """The terms of an AND (the expression itself when it is not one)."""
+    if expr is None:
+        return []
+    return list(expr.flatten()) if isinstance(expr, exp.And) else [expr]
+
+
+def has_star(select: exp.Select) -> bool:
+    """Whether the SELECT list holds ``*`` or ``alias.*``."""
+    return any(isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+               for e in select.expressions)
+
+
+def from_of(select: exp.Select) -> exp.From | None:
+    """The FROM clause (sqlglot names its argument ``from_`` or ``from`` by version)."""
+    return select.args.get("from_") or select.args.get("from")
+
+
+def sources_of(select: exp.Select) -> list[exp.Expr]:
+    """The relations of FROM and of every JOIN, in order."""
+    from_ = from_of(select)
+    if from_ is None:
+        return []
+    return [from_.this, *[j.this for j in select.args.get("joins") or []]]
