@@ -137,9 +137,25 @@ class Catalog:
 
     def is_waiting(self, mv: Relation) -> bool:
         """A creating MV whose backfill waits for an upstream MV that is still being
-        created (a join chain's links are created one after another)."""
+        created and that it does not follow from birth (``follows_from_birth``)."""
         return mv.kind == "mv" and mv.state == "creating" and any(
-            leaf.kind == "mv" and leaf.state != "created" for leaf in self.leaves_of(mv))
+            leaf.kind == "mv" and leaf.state != "created"
+            and not self.follows_from_birth(mv, leaf) for leaf in self.leaves_of(mv))
+
+    @staticmethod
+    def follows_from_birth(mv: Relation, leaf: Relation) -> bool:
+        """Whether creating ``mv`` reads upstream MV ``leaf`` as changes from its first
+        row instead of backfilling it: both were created at the same epoch (a query's
+        links are created with it), when ``leaf`` was empty, and every row ``leaf``
+        gains from then on arrives as a change of an epoch ``mv`` processes. Not when
+        either runs a snapshot job (its first rows are committed as of an earlier
+        epoch, and the job reads a fixed snapshot) or ``mv`` is a top-N (it reads its
+        input whole)."""
+        def snapshot_job(rel: Relation) -> bool:
+            return rel.options is not None and rel.options.strategy == "snapshot"
+        return (mv.kind == "mv" and leaf.kind == "mv" and mv.state == "creating"
+                and leaf.created_epoch == mv.created_epoch and not snapshot_job(mv)
+                and not snapshot_job(leaf) and mv.plan is not None and mv.plan.topn is None)
 
     def states_of(self, mv: Relation) -> list[Relation]:
         """An MV's state tables, in the order its plan names them."""

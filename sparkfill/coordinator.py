@@ -28,6 +28,7 @@ import shutil
 import statistics
 import time
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from .backfill import (
     BackfillScan,
     Done,
     InProgress,
+    NotStarted,
     ScanResult,
     state_from_rows,
     state_to_row,
@@ -297,7 +299,8 @@ class EpochCoordinator:
                 scans: list[ScanResult] = []
             else:
                 with self.store.reading_for(rel.name):
-                    out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch)
+                    out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
+                                                      created)
             if scans:
                 chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
                 for leaf, scan in enumerate(scans):
@@ -374,10 +377,12 @@ class EpochCoordinator:
 
     def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
                   appends: EpochAppends, plan: dict[str, Any], epoch: int,
+                  created_now: Sequence[int] = (),
                   ) -> tuple[DataflowResult | None, list[ScanResult], int]:
         """Δ of one relation for ``epoch`` (its operators append their state tables'
         Δs), for a creating MV the result of each leaf's backfill scan, and about
-        how many rows the Δ holds."""
+        how many rows the Δ holds. ``created_now``: the MVs this epoch completes (so
+        far, upstream first)."""
         if rel.kind == "table":
             batches = by_table.get(rel.id)
             if not batches:
@@ -411,13 +416,24 @@ class EpochCoordinator:
         initial = all(r.state == "not_started" for r in rows)
         active = self._active_leaf(rel, leaves, rows)
         limit = plan["limits"].get(str(rel.id), rel.options.chunk_rows)
-        scans = [self._scan_leaf(rel, i, leaf, [r for r in rows if r.leaf == i],
+        scans = [self._follow(leaf, deltas.get(leaf.id), created_now)
+                 if self.catalog.follows_from_birth(rel, leaf) else
+                 self._scan_leaf(rel, i, leaf, [r for r in rows if r.leaf == i],
                                  limit if i == active else 0, deltas.get(leaf.id), plan, epoch)
                  for i, leaf in enumerate(leaves)]
         hint += sum(s.chunk_rows for s in scans)
         result = self.dataflow.run(rel, leaves, states, [s.change for s in scans], epoch,
                                    initial, appends.emitter(), hint)
         return result, scans, hint
+
+    @staticmethod
+    def _follow(leaf: Relation, delta: DataFrame | None,
+                created_now: Sequence[int]) -> ScanResult:
+        """A leaf the MV follows from birth: its changes pass through as they are;
+        done once the leaf is created (it then holds every row it will hold)."""
+        done = leaf.state == "created" or leaf.id in created_now
+        return ScanResult(change_of(delta, [c.name for c in leaf.columns]),
+                          Done(leaf.row_count) if done else NotStarted(), None, 0, [])
 
     def _active_leaf(self, mv: Relation, leaves: list[Relation],
                      rows: list[ProgressRow]) -> int | None:
@@ -432,7 +448,8 @@ class EpochCoordinator:
             elif isinstance(state_from_rows(mine)[0], Done):
                 return "done"
             return "started" if any(r.state != "not_started" for r in mine) else "not_started"
-        pending = [i for i in range(len(leaves)) if leaf_state(i) != "done"]
+        pending = [i for i in range(len(leaves)) if leaf_state(i) != "done"
+                   and not self.catalog.follows_from_birth(mv, leaves[i])]
         started = [i for i in pending if leaf_state(i) == "started"]
         if started:
             return started[0]

@@ -61,7 +61,7 @@ def show_rows(what: str, meta: MetaStore, catalog: Catalog) -> list[tuple[Any, .
     for r in rels:
         if r.kind != "mv" or r.internal:
             continue
-        # an MV's job includes its join chain's links (created one after another)
+        # an MV's job includes its links' progress (created with it)
         done = sum(p.rows for mv in (*catalog.internals_of(r), r) for p in meta.progress(mv.id))
         if r.state == "created":
             jobs.append((r.name, r.options.strategy if r.options else None, "created", done,
