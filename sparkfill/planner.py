@@ -355,9 +355,10 @@ def check_shape(query: exp.Expr) -> exp.Query:
 
 def _check_shape(query: exp.Expr) -> exp.Query:
     if isinstance(query, exp.Union):
-        if query.args.get("distinct"):
-            raise UnsupportedQuery("UNION (without ALL) is not supported in an MV; use UNION "
-                                   "ALL, and SELECT DISTINCT over an MV of it if you need to")
+        if query.args.get("distinct"):  # (a chain of UNIONs only was rewritten)
+            raise UnsupportedQuery("UNION (without ALL) mixed with UNION ALL is not supported "
+                                   "in an MV; use UNION throughout, or use UNION ALL and "
+                                   "SELECT DISTINCT over an MV of it")
         for arg, label in _CLAUSES.items():
             if query.args.get(arg):
                 raise UnsupportedQuery(f"{label} is not supported in a materialized view")
@@ -365,8 +366,9 @@ def _check_shape(query: exp.Expr) -> exp.Query:
             if isinstance(branch, exp.Subquery):
                 branch = branch.unnest()
             if isinstance(branch, exp.Union):
-                raise UnsupportedQuery("UNION (without ALL) is not supported in an MV; use "
-                                       "UNION ALL")
+                raise UnsupportedQuery("UNION (without ALL) mixed with UNION ALL is not "
+                                       "supported in an MV; use UNION ALL throughout, or "
+                                       "UNION throughout")
             select = _check_shape(branch)
             assert isinstance(select, exp.Select)
             if select.args.get("joins") or select.args.get("group") or \

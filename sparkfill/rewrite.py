@@ -10,6 +10,8 @@ plan is built from the rewritten tree.
   ``qualify`` and ``merge_subqueries``); one that cannot be merged leaves the
   query as written.
 - ``ORDER BY`` without ``LIMIT``/``OFFSET`` is dropped: an MV is a set of rows.
+- ``A UNION B [UNION ...]`` (no ``ALL`` anywhere in the chain) is ``SELECT DISTINCT *
+  FROM (A UNION ALL B ...)``.
 - ``agg(x) FILTER (WHERE c)`` becomes ``agg(CASE WHEN c THEN x END)`` (and
   ``count(*) FILTER (WHERE c)`` becomes ``count(CASE WHEN c THEN 1 END)``): every
   aggregate sparkfill maintains ignores NULL inputs, so a row the filter rejects
@@ -49,6 +51,7 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
     ``columns_of`` resolves unqualified columns of comma joins."""
     query = _merge_derived_tables(_inline_ctes(query.copy()), columns_of)
     _drop_order(query)
+    query = _union_to_distinct(query)
     for select in reversed(list(query.find_all(exp.Select))):  # innermost first
         _filters_to_case(select)
         _factor_where(select)
@@ -60,6 +63,28 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
             else:
                 select.replace(decorrelated)
     return query
+
+
+def _union_to_distinct(query: exp.Expr) -> exp.Expr:
+    """``A UNION B [UNION C ...]`` (every union of the chain without ALL, no ORDER BY
+    or LIMIT on it) is ``SELECT DISTINCT * FROM (A UNION ALL B ...)``: the same set."""
+    if not isinstance(query, exp.Union) or not query.args.get("distinct"):
+        return query
+    chain: list[exp.Union] = [query]
+    for union in chain:
+        for side in (union.this, union.expression):
+            inner = side.unnest() if isinstance(side, exp.Subquery) else side
+            if isinstance(inner, exp.SetOperation):
+                if not isinstance(inner, exp.Union) or not inner.args.get("distinct"):
+                    return query
+                chain.append(inner)
+    if any(u.args.get(a) is not None for u in chain for a in ("order", "limit", "offset")):
+        return query
+    all_ = query.copy()
+    for union in [all_, *[u for u in all_.find_all(exp.Union) if u is not all_]]:
+        union.set("distinct", False)
+    return exp.select(exp.Star()).distinct().from_(exp.Subquery(
+        this=all_, alias=exp.TableAlias(this=exp.to_identifier("__sf_union"))))
 
 
 def _inline_ctes(query: exp.Expr) -> exp.Expr:

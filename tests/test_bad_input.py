@@ -357,7 +357,8 @@ UNSUPPORTED = [
     ("limit", "SELECT order_id FROM orders LIMIT 5", ("limit",)),
     ("distinct_agg", "SELECT DISTINCT cust, count(*) AS c FROM orders GROUP BY cust",
      ("distinct",)),
-    ("union", "SELECT order_id FROM orders UNION SELECT order_id FROM orders", ("union all",)),
+    ("union", "SELECT order_id FROM orders UNION SELECT order_id FROM orders UNION ALL "
+     "SELECT order_id FROM orders", ("union all",)),
     ("union_agg", "SELECT order_id FROM orders UNION ALL SELECT count(*) AS c FROM orders",
      ("branch",)),
     (

@@ -56,7 +56,8 @@ def random_shape(rng: random.Random) -> tuple[str, list[str]]:
     """An MV's SELECT over ``{t}`` (id, g, v, s) and ``{d}`` (g, name, w)."""
     where = rng.choice(["", " WHERE v % 3 <> 0", " WHERE s IS NOT NULL", " WHERE v > 200"])
     kind = rng.choice(["project", "agg", "global", "distinct", "join", "left_join", "join_agg",
-                       "union", "filter_agg", "comma_join", "right_join", "full_join"])
+                       "union", "filter_agg", "comma_join", "right_join", "full_join",
+                       "union_distinct"])
     sql, tables = _shape(rng, kind, where)
     # ORDER BY without LIMIT orders nothing an MV keeps: accepted and ignored
     return (sql + " ORDER BY 1" if rng.random() < 0.3 else sql), tables
@@ -85,6 +86,9 @@ def _shape(rng: random.Random, kind: str, where: str) -> tuple[str, list[str]]:
     if kind == "comma_join":  # the join's equality in WHERE
         return ("SELECT x.id, x.v, y.name FROM {t} x, {d} y "
                 "WHERE x.g = y.g AND x.v > 50", ["t", "d"])
+    if kind == "union_distinct":  # a set: DISTINCT over a UNION ALL link
+        return (f"SELECT g, v % 7 AS r FROM {{t}}{where} UNION SELECT g, w % 7 FROM {{d}}",
+                ["t", "d"])
     if kind == "union":  # rows of both tables, and rows of t twice over
         return (f"SELECT id, v, s FROM {{t}}{where} UNION ALL SELECT g, w, name FROM {{d}} "
                 f"UNION ALL SELECT id, v + 1, s FROM {{t}} WHERE v > 100", ["t", "d"])
@@ -367,7 +371,7 @@ def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
      "recursive CTE"),
     ("SELECT id, rand() AS r FROM t", "non-deterministic"),
     ("SELECT id, now() AS r FROM t", "non-deterministic"),
-    ("SELECT id FROM t UNION SELECT g FROM d", "use UNION ALL"),
+    ("SELECT id FROM t UNION SELECT g FROM d UNION ALL SELECT g FROM d", "use UNION ALL"),
     ("SELECT id FROM t UNION ALL SELECT x.id FROM t x JOIN d y ON x.g = y.g", "branch"),
     ("SELECT id FROM t UNION ALL SELECT DISTINCT g FROM d", "branch"),
     ("SELECT g, collect_list(v) AS l FROM t GROUP BY g", "aggregate"),

@@ -149,6 +149,7 @@ MEANING_QUERIES = [
     "SELECT id FROM t WHERE k IN (SELECT k FROM d WHERE d.w > (SELECT avg(v) FROM t))",
     "SELECT id FROM t WHERE EXISTS (SELECT * FROM d WHERE d.k = t.k AND d.w > t.v "
     "AND d.w > (SELECT avg(v) FROM t))",
+    "SELECT k, v FROM t UNION SELECT k, w FROM d UNION SELECT id % 3, k FROM t",
 ]
 MEANING_COLUMNS = {"t": ["id", "k", "v"], "d": ["id", "k", "w"]}
 
@@ -172,7 +173,8 @@ def test_decorrelated_queries_return_the_rows_of_the_original(spark, seed):
         for sql in MEANING_QUERIES:
             tree = sqlglot.parse_one(sql, read="spark")
             rewritten = rewrite_query(tree, MEANING_COLUMNS.get)
-            # every subquery is now a derived table of a FROM or JOIN
+            # every subquery is now a derived table of a FROM or JOIN (a UNION a
+            # DISTINCT over a derived UNION ALL)
             assert all(isinstance(sub.parent, exp.From | exp.Join)
                        for sub in rewritten.find_all(exp.Subquery)) \
                 and rewritten.find(exp.Exists) is None, rewritten.sql(dialect="spark")
