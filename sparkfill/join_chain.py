@@ -48,7 +48,7 @@ from .planner import (
     plan_materialized_view,
     rewrite_top_n,
 )
-from .sql_tree import ColumnsOf, conjuncts
+from .sql_tree import ColumnsOf, conjuncts, sources_of
 
 __all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
 
@@ -73,9 +73,8 @@ def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
         return None
     select = select.copy()
     joins = list(select.args["joins"])
-    from_ = select.args.get("from_") or select.args.get("from")
-    assert from_ is not None
-    tables = [from_.this, *[j.this for j in joins]]
+    tables = sources_of(select)
+    assert tables
     aliases = [t.alias_or_name for t in tables]
     columns = {}
     for t, alias in zip(tables, aliases, strict=True):

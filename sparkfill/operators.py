@@ -437,10 +437,10 @@ class MvDataflow:
         # a group lost its extreme when the Δ retracts a value at it and brings none
         # at or beyond it
         lost = " OR ".join(
-            f"(coalesce({q(name + '_out')} {'>=' if kind == 'max' else '<='} {was(name)}, FALSE)"
-            f" AND NOT coalesce({q(name + '_in')} {'>=' if kind == 'max' else '<='} "
-            f"{was(name)}, FALSE))"
-            for name, kind, _ in running if kind in ("min", "max"))
+            f"(coalesce({q(name + '_out')} {cmp} {was(name)}, FALSE) AND NOT "
+            f"coalesce({q(name + '_in')} {cmp} {was(name)}, FALSE))"
+            for name, kind, _ in running if kind in ("min", "max")
+            for cmp in [">=" if kind == "max" else "<="])
         lost_groups: list[tuple[str, int]] = []
         if lost and any(op in written.counts for op in BEFORE_OPS):
             # the groups that lost their extreme (and still have rows): a small collect,

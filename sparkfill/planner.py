@@ -42,7 +42,7 @@ from sqlglot import exp
 from .errors import SqlError, UnknownRelation, UnsupportedQuery
 from .rewrite import rewrite_query
 from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
-from .sql_tree import ColumnsOf, has_star
+from .sql_tree import ColumnsOf, conjuncts, from_of, has_star
 
 __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
@@ -262,7 +262,7 @@ class PlannedMv:
 
 
 def _from_table(select: exp.Select) -> exp.Expr | None:
-    from_ = select.args.get("from_") or select.args.get("from")
+    from_ = from_of(select)
     return None if from_ is None else from_.this
 
 
@@ -576,11 +576,10 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
         return None
     join = joins[0]
     on = join.args["on"]
-    conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
     # (left, right) key pairs; a constant on the left joins a right side on a constant
     # key (a one-row relation: every left row meets it)
     pairs: list[tuple[exp.Column | exp.Literal, exp.Column]] = []
-    for c in conjuncts:
+    for c in conjuncts(on):
         if not isinstance(c, exp.EQ):
             continue
         left, right = c.this, c.expression

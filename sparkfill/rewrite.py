@@ -40,7 +40,7 @@ from sqlglot import exp
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
-from .sql_tree import ColumnsOf, conjuncts, has_star
+from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 from .subqueries import decorrelate
 
 __all__ = ["rewrite_query", "ColumnsOf", "conjuncts", "has_star"]
@@ -80,11 +80,10 @@ def _union_to_distinct(query: exp.Expr) -> exp.Expr:
                 chain.append(inner)
     if any(u.args.get(a) is not None for u in chain for a in ("order", "limit", "offset")):
         return query
-    all_ = query.copy()
-    for union in [all_, *[u for u in all_.find_all(exp.Union) if u is not all_]]:
+    for union in chain:  # (a UNION inside a branch's subquery keeps its meaning)
         union.set("distinct", False)
     return exp.select(exp.Star()).distinct().from_(exp.Subquery(
-        this=all_, alias=exp.TableAlias(this=exp.to_identifier("__sf_union"))))
+        this=query, alias=exp.TableAlias(this=exp.to_identifier("__sf_union"))))
 
 
 def _inline_ctes(query: exp.Expr) -> exp.Expr:
@@ -207,25 +206,16 @@ def _relation_names(rel: exp.Expr) -> set[str]:
         isinstance(rel, exp.Subquery) and rel.alias else set()
 
 
-def _relation_columns(rel: exp.Expr, columns_of: ColumnsOf) -> list[str]:
-    """A table's columns, or a derived table's output names."""
-    if isinstance(rel, exp.Table):
-        return list(columns_of(rel.name) or ())
-    if isinstance(rel, exp.Subquery) and isinstance(rel.this, exp.Select):
-        return [e.alias_or_name for e in rel.this.expressions if e.alias_or_name]
-    return []
-
-
 def _comma_joins_to_inner(select: exp.Select, columns_of: ColumnsOf | None) -> None:
     joins = select.args.get("joins") or []
-    from_ = select.args.get("from_") or select.args.get("from")
+    from_ = from_of(select)
     if not joins or from_ is None:
         return
     # which relation (alias) each unqualified column name belongs to, when only one has it
     owners: dict[str, set[str]] = {}
-    for rel in [from_.this, *[j.this for j in joins]]:
+    for rel in sources_of(select):
         if _relation_names(rel) and columns_of is not None:
-            for col in _relation_columns(rel, columns_of):
+            for col in source_columns(rel, columns_of):
                 owners.setdefault(col.lower(), set()).add(rel.alias_or_name.lower())
 
     def table_of(col: exp.Column) -> str | None:

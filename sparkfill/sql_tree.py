@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from sqlglot import exp
 
-__all__ = ["ColumnsOf", "conjuncts", "has_star", "from_of", "sources_of"]
+__all__ = ["ColumnsOf", "conjuncts", "has_star", "from_of", "sources_of", "source_columns"]
 
 #: a relation's column names by relation name (None: unknown relation)
 ColumnsOf = Callable[[str], Sequence[str] | None]
@@ -40,3 +40,12 @@ def sources_of(select: exp.Select) -> list[exp.Expr]:
     if from_ is None:
         return []
     return [from_.this, *[j.this for j in select.args.get("joins") or []]]
+
+
+def source_columns(source: exp.Expr, columns_of: ColumnsOf) -> list[str]:
+    """A table's columns, or a derived table's named outputs (none for anything else)."""
+    if isinstance(source, exp.Table):
+        return list(columns_of(source.name) or ())
+    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
+        return [e.alias_or_name for e in source.this.expressions if e.alias_or_name]
+    return []

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, sources_of
+from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 
 __all__ = ["decorrelate"]
 
@@ -105,16 +105,13 @@ def _scope(sub: exp.Select, columns_of: ColumnsOf) -> _Scope | None:
         return None
     scope = _Scope()
     for source in sources:
-        if isinstance(source, exp.Table) and not isinstance(source.this, exp.Func):
-            scope.names.add(source.alias_or_name.lower())
-            scope.columns |= {c.lower() for c in columns_of(source.name) or ()}
-        elif isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select) \
-                and source.alias and not has_star(source.this) \
-                and all(e.alias_or_name for e in source.this.expressions):
-            scope.names.add(source.alias.lower())
-            scope.columns |= {e.alias_or_name.lower() for e in source.this.expressions}
-        else:
+        if not (isinstance(source, exp.Table) and not isinstance(source.this, exp.Func)
+                or isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select)
+                and source.alias and not has_star(source.this)
+                and all(e.alias_or_name for e in source.this.expressions)):
             return None
+        scope.names.add(source.alias_or_name.lower())
+        scope.columns |= {c.lower() for c in source_columns(source, columns_of)}
     return scope
 
 
@@ -129,7 +126,7 @@ def _nested(node: exp.Select, sub: exp.Select) -> bool:
         if parent is None:
             return True
         node = parent  # type: ignore[assignment]
-    return node is not sub
+    return False
 
 
 def _own_columns(sub: exp.Select) -> list[exp.Column]:
