@@ -474,13 +474,12 @@ class MvDataflow:
                                        *new_values_sql(bool(lost_groups)), BEFORE
                                        ).select(*value_cols)
         # a group's change: its old row (the before-image) against its new values
-        # (none when its last row left)
-        live = self._outputs(mv, spec, new_values.where(f"{GROUP_ROWS} > 0"), row_types,
-                             carry=(BEFORE,))
-        pairs = live.selectExpr(GROUP_KEY, BEFORE, f"{image_sql(names)} AS {AFTER}").unionByName(
-            new_values.where(f"{GROUP_ROWS} <= 0").selectExpr(
-                f"{GROUP_OF_ROW} AS {GROUP_KEY}", BEFORE,
-                f"IF(FALSE, {BEFORE}, NULL) AS {AFTER}"))  # a null of the image's type
+        # (none when its last row left); one projection over every touched group, so
+        # the plan above computes them once
+        live = f"{GROUP_ROWS} > 0"
+        pairs = self._outputs(mv, spec, new_values, row_types, carry=(BEFORE,),
+                              only_if=live).selectExpr(
+            GROUP_KEY, BEFORE, f"IF({live}, {image_sql(names)}, NULL) AS {AFTER}")
         return changelog_of_pairs(pairs, names, mv.key)
 
     @staticmethod
@@ -496,13 +495,19 @@ class MvDataflow:
 
     @staticmethod
     def _outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
-                 group_types: dict[str, str], carry: Sequence[str] = ()) -> DataFrame:
+                 group_types: dict[str, str], carry: Sequence[str] = (),
+                 only_if: str | None = None) -> DataFrame:
         """The MV's rows (visible outputs, group key, hidden running values) from
-        per-group values, and the ``carry`` columns of ``grouped`` as they are."""
+        per-group values, and the ``carry`` columns of ``grouped`` as they are.
+        ``only_if``: a condition of a group's values; the visible outputs of a group
+        that fails it are NULL and never evaluated (a division by a gone group's count
+        would fail)."""
         if spec.having:
             grouped = grouped.where(spec.having)
         types = {c.name: c.type for c in mv.columns}
-        out = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}" for name, sql in spec.outputs]
+        out = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}" if only_if is None else
+               f"CAST(IF({only_if}, ({sql}), NULL) AS {types[name]}) AS {quoted(name)}"
+               for name, sql in spec.outputs]
         key = f"{_group_json_sql(spec.group, group_types)} AS {GROUP_KEY}"
         hidden = [f"CAST({quoted(c.name)} AS {c.type}) AS {quoted(c.name)}" for c in mv.columns
                   if c.hidden and c.name != GROUP_KEY]
