@@ -169,21 +169,27 @@ class EpochCoordinator:
         the part of an epoch that is not a backfill's own doing."""
         return statistics.median(self._base_samples) if self._base_samples else None
 
-    def _adapt_budget(self, mv: Relation, epoch_seconds: float) -> None:
+    def _adapt_budget(self, mv: Relation, epoch_seconds: float,
+                      own_seconds: float | None = None) -> None:
         """The RFC's "final way", budgeted from the backfill's own share of the epoch:
-        grow or shrink the chunk so that what the backfill adds to an epoch (its
-        time above ``base_seconds``) stays near what the target leaves it (the
-        target less the base, at least half the target). Epochs that are slow for
-        other reasons do not shrink it, and it never falls below the chunk that
-        finishes the job in ``MAX_BACKFILL_EPOCHS`` (nor below a quarter of
-        ``backfill_chunk_rows``), so a job never slows to a crawl."""
+        grow or shrink the chunk so that what the backfill adds to an epoch — the
+        time the epoch spent on this MV's Δ (``own_seconds``), else the epoch's time
+        above ``base_seconds`` — stays near what the target leaves it (the target less
+        the rest of the epoch, at least half the target). Epochs that are slow for
+        other reasons (other MVs, other jobs) do not shrink it, and it never falls
+        below the chunk that finishes the job in ``MAX_BACKFILL_EPOCHS`` (nor below a
+        quarter of ``backfill_chunk_rows``), so a job never slows to a crawl."""
         assert mv.options is not None
         target = mv.options.target_epoch_ms / 1000.0
         if target <= 0 or mv.options.strategy != "arrangement":
             return
-        base_seconds = self.base_seconds or 0.0
-        own = max(0.05, epoch_seconds - base_seconds)
-        allowed = max(target - base_seconds, target / 2)
+        if own_seconds is None:
+            rest = self.base_seconds or 0.0
+            own = max(0.05, epoch_seconds - rest)
+        else:
+            own = max(0.05, own_seconds)
+            rest = max(0.0, epoch_seconds - own)
+        allowed = max(target - rest, target / 2)
         factor = min(2.0, max(0.5, allowed / own))
         base = mv.options.chunk_rows
         total = sum(leaf.row_count for leaf in self.catalog.leaves_of(mv))
@@ -281,6 +287,8 @@ class EpochCoordinator:
         created: list[int] = []
         chunk_rows: dict[int, int] = {}
         extra_rows: dict[int, int] = {}
+        #: the seconds each backfilling MV spent on its own Δ (its share of the epoch)
+        own_seconds: dict[int, float] = {}
         for rel in self.catalog.all():
             if rel.kind == "state":
                 continue  # computed with its MV
@@ -298,6 +306,7 @@ class EpochCoordinator:
                 out, hint = step.result, step.rows_hint
                 scans: list[ScanResult] = []
             else:
+                began = time.time()
                 with self.store.reading_for(rel.name):
                     out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
                                                       created)
@@ -312,6 +321,8 @@ class EpochCoordinator:
             if out is not None and out.delta is not None:
                 with self.store.reading_for(rel.name):
                     appends.append(rel, out.delta, hint, out.tag)
+            if scans:
+                own_seconds[rel.id] = time.time() - began
         counts = appends.counts
         self._inserted = {rid: c.get("+", 0) for rid, c in counts.items()}
 
@@ -351,7 +362,7 @@ class EpochCoordinator:
         for mv_id in chunk_rows:
             mv = self.catalog.get_by_id(mv_id)
             self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))
-            self._adapt_budget(mv, finished - started)
+            self._adapt_budget(mv, finished - started, own_seconds.get(mv_id))
         after_commit("compaction and vacuum", lambda: self._housekeep(epoch, appends.versions))
         changes = {self.catalog.get_by_id(rid).name:
                    c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}

@@ -6,9 +6,12 @@ Invariant: with ``V_i(e)`` the rows of leaf ``i`` the MV has taken in so far
 
 * ``MV(e) = Q(V_1(e), V_2(e))``;
 * a join side's state table holds ``V_i(e)``, keyed ``(join key JSON, leaf key)``;
-* an aggregate's state table holds its input rows, keyed ``(group JSON, row key)``.
+* an aggregate's state table holds its input rows, keyed ``(group JSON, row key)``;
+* window functions' state table holds their input rows, keyed ``(partition JSON,
+  row key)``, and the MV's rows are keyed the same way.
 
-A stateful operator recomputes only the partitions — join keys, groups — that
+A stateful operator recomputes only the partitions — join keys, groups, window
+partitions — that
 the epoch's changes touch: the old rows from its state at ``e-1``, the new rows
 from that state with the changes applied; the difference of the two is the
 output. Reads of a state table are pruned to the touched partitions' vnodes and
@@ -48,6 +51,7 @@ from .planner import (
     GROUP_OF_ROW,
     GROUP_ROWS,
     JOIN_KEY,
+    WINDOW_PART,
     AggSpec,
     MvPlan,
     running_count_column,
@@ -193,7 +197,11 @@ class MvDataflow:
         else:
             rows = self._join(plan, leaves, states[:2], changes, epoch, emit, rows_hint)
 
-        # stage 2: the aggregate, or the rows themselves, become the MV's changelog
+        # stage 2: the aggregate, the window functions, or the rows themselves, become
+        # the MV's changelog
+        if plan.window is not None:
+            result.delta = self._window(mv, plan, states[-1], rows, epoch, emit, rows_hint)
+            return result
         if plan.agg is None:
             if rows is not None:
                 result.delta = consolidate(rows.before.select(*names),
@@ -356,6 +364,51 @@ class MvDataflow:
         new_input = self._apply(old_input, delta, agg_state)
         return consolidate(self.evaluate(mv, plan, old_input),
                            self.evaluate(mv, plan, new_input), names, mv.key)
+
+    # --- window stage ---------------------------------------------------------------------
+
+    def _window(self, mv: Relation, plan: MvPlan, state: Relation, rows: Change | None,
+                epoch: int, emit: Emit, rows_hint: int) -> DataFrame | None:
+        """Window functions: the touched partitions' input rows (the state's rows at
+        ``e-1`` with the Δ applied) evaluated again, against their MV rows at ``e-1``
+        (a keyed read: the MV is keyed by partition first)."""
+        if rows is None:
+            return None
+        cols = [c.name for c in state.columns]
+        written = emit(state, consolidate(
+            self.window_input_rows(plan, state, rows.before),
+            self.window_input_rows(plan, state, rows.after),
+            cols, state.key, (WINDOW_PART,)), rows_hint)
+        if written is None:
+            return None
+        touched = _touched_keys([written], WINDOW_PART)
+        old_input = self.store.lookup(state.stored, epoch - 1, touched,
+                                      vnodes=written.vnodes).select(*cols)
+        new_input = self._apply(old_input, written.delta, state)
+        names = [c.name for c in mv.columns]
+        old = self.store.lookup(mv.stored, epoch - 1, touched,
+                                vnodes=written.vnodes).select(*names)
+        return consolidate(old, self.evaluate_window(mv, plan, new_input), names, mv.key,
+                           (WINDOW_PART,))
+
+    @staticmethod
+    def window_input_rows(plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
+        """Row-stage rows as rows of the window's state table (with their partition)."""
+        assert plan.window is not None
+        types = {c.name: c.type for c in state.columns}
+        return rows.selectExpr(
+            f"{_group_json_sql(plan.window.partition, types)} AS {WINDOW_PART}",
+            *[quoted(c.name) for c in state.columns if c.name != WINDOW_PART])
+
+    @staticmethod
+    def evaluate_window(mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
+        """The MV's rows over whole partitions of input ``rows`` (the state's columns)."""
+        assert plan.window is not None
+        types = {c.name: c.type for c in mv.columns}
+        outputs = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}"
+                   for name, sql in plan.window.outputs]
+        return rows.selectExpr(*outputs, WINDOW_PART, *[quoted(k) for k in plan.row_key]
+                               ).select(*[c.name for c in mv.columns])
 
     @staticmethod
     def _apply(rows: DataFrame, delta: DataFrame, state: Relation) -> DataFrame:

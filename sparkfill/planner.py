@@ -51,6 +51,7 @@ __all__ = [
     "explain_plan",
     "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH", "BRANCH_ROW",
     "Branch", "union_branches", "GROUP_ROWS", "running_count_column", "TopNSpec",
+    "WindowSpec", "WINDOW_PART",
     "split_top_n",
 ]
 
@@ -72,6 +73,9 @@ GROUP_KEY = f"{HIDDEN_PREFIX}group"
 GROUP_OF_ROW = "_sf_gk"
 #: the join key of one side's row (state table column): the equi-join values as JSON
 JOIN_KEY = "_sf_jk"
+#: the partition of a window's input row (state table column) and of an MV row of
+#: window functions (the first column of its key): the partition values as JSON
+WINDOW_PART = f"{HIDDEN_PREFIX}part"
 #: the MV key of a UNION ALL: which branch a row comes from, and its upstream key as JSON
 BRANCH = f"{HIDDEN_PREFIX}branch"
 BRANCH_ROW = f"{HIDDEN_PREFIX}branch_row"
@@ -167,6 +171,17 @@ class TopNSpec:
 
 
 @dataclass(frozen=True)
+class WindowSpec:
+    """Window functions over the row stage's rows, all with one ``PARTITION BY``: a
+    partition's outputs are recomputed from its input rows when they change."""
+
+    #: row-stage columns holding the partition values (none: one partition)
+    partition: tuple[str, ...]
+    #: (MV column, Spark SQL over row-stage columns, window functions included)
+    outputs: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class MvPlan:
     """``SELECT ... FROM leaves [JOIN] [WHERE] [GROUP BY ... HAVING]``.
 
@@ -185,6 +200,8 @@ class MvPlan:
     branches: tuple[Branch, ...] = ()
     #: a top-N over the rows (one leaf: the rows before ORDER BY ... LIMIT)
     topn: TopNSpec | None = None
+    #: window functions over the rows (then ``agg`` is None)
+    window: WindowSpec | None = None
 
     @property
     def upstreams(self) -> tuple[str, ...]:
@@ -214,6 +231,9 @@ class MvPlan:
             "topn": None if self.topn is None else {
                 "order": [list(o) for o in self.topn.order], "limit": self.topn.limit,
                 "offset": self.topn.offset},
+            "window": None if self.window is None else {
+                "partition": list(self.window.partition),
+                "outputs": [list(o) for o in self.window.outputs]},
         }
 
     @staticmethod
@@ -238,6 +258,9 @@ class MvPlan:
             topn=None if d.get("topn") is None else TopNSpec(
                 tuple((str(c), bool(desc), bool(nf)) for c, desc, nf in d["topn"]["order"]),
                 int(d["topn"]["limit"]), int(d["topn"]["offset"])),
+            window=None if d.get("window") is None else WindowSpec(
+                tuple(d["window"]["partition"]),
+                tuple((x, y) for x, y in d["window"]["outputs"])),
         )
 
 
@@ -409,7 +432,8 @@ def _check_shape(query: exp.Expr) -> exp.Query:
         if node is query:
             continue
         if isinstance(node, exp.Window):
-            raise UnsupportedQuery("window functions (OVER ...) are not supported in an MV")
+            _check_window(query, node)
+            continue
         if isinstance(node, exp.Select | exp.Subquery):
             outer = node.parent if isinstance(node.parent, exp.In | exp.Exists) else node
             text = outer.sql(dialect="spark")
@@ -419,7 +443,8 @@ def _check_shape(query: exp.Expr) -> exp.Query:
                 "over an uncorrelated subquery, [NOT] EXISTS correlated by equalities (and "
                 "at most one comparison), and scalar subqueries that aggregate, uncorrelated "
                 "or correlated by equalities")
-        if isinstance(node, exp.AggFunc) and not isinstance(node, SUPPORTED_AGGS):
+        if isinstance(node, exp.AggFunc) and not isinstance(node, SUPPORTED_AGGS) \
+                and not isinstance(node.parent, exp.Window):
             raise UnsupportedQuery(
                 f"aggregate {node.sql(dialect='spark')} is not supported; supported are "
                 "count, count(DISTINCT ...), sum, avg, min, max, count_if, stddev, variance, "
@@ -428,12 +453,38 @@ def _check_shape(query: exp.Expr) -> exp.Query:
             names = {type(node).__name__.lower()}
             if isinstance(node, exp.Anonymous):
                 names.add(str(node.name).lower())
+            if "session_window" in names or ("window" in names and len(node.expressions) > 2):
+                raise UnsupportedQuery(
+                    f"{node.sql(dialect='spark')}: session and sliding windows are not "
+                    "supported yet (a session grows with the data, a row belongs to several "
+                    "sliding windows); use a tumbling window")
             bad = names & NONDETERMINISTIC
             if bad:
                 raise UnsupportedQuery(
                     f"non-deterministic function {sorted(bad)[0]}() cannot be maintained "
                     "incrementally; compute the value when you write the row instead")
     return query
+
+
+def _check_window(select: exp.Select, window: exp.Window) -> None:
+    """A window function sparkfill maintains: in the SELECT list of a query that
+    does not group, with the same PARTITION BY as the query's other windows."""
+    text = window.sql(dialect="spark")
+    if window.find_ancestor(exp.Where, exp.Having, exp.Group, exp.Order, exp.Join) is not None:
+        raise UnsupportedQuery(f"a window function outside the SELECT list: {text}")
+    if select.args.get("group") or select.args.get("distinct") or _aggregates(select):
+        raise UnsupportedQuery(
+            f"window function {text} in a query that groups: group in a subquery in FROM "
+            "and apply the window over it")
+    if isinstance(window.this, exp.AggFunc) and window.this.find(exp.Distinct) is not None:
+        raise UnsupportedQuery(f"DISTINCT in a window aggregate is not supported: {text}")
+    partitions = {tuple(p.sql(dialect="spark") for p in w.args.get("partition_by") or [])
+                  for w in select.find_all(exp.Window)
+                  if w.find_ancestor(exp.Select) is select}
+    if len(partitions) > 1:
+        raise UnsupportedQuery(
+            "window functions with different PARTITION BY in one query are not supported; "
+            "compute each in a query of its own and join them")
 
 
 def leaf_tables(select: exp.Select) -> list[exp.Table]:
@@ -450,7 +501,7 @@ def _aggregates(select: exp.Select) -> list[exp.AggFunc]:
             continue
         for node in part.walk():
             if isinstance(node, exp.AggFunc) and not any(
-                    isinstance(a, exp.AggFunc) for a in _ancestors(node, part)):
+                    isinstance(a, exp.AggFunc | exp.Window) for a in _ancestors(node, part)):
                 found.append(node)
     return found
 
@@ -576,26 +627,38 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
         return None
     join = joins[0]
     on = join.args["on"]
-    # (left, right) key pairs; a constant on the left joins a right side on a constant
-    # key (a one-row relation: every left row meets it)
-    pairs: list[tuple[exp.Column | exp.Literal, exp.Column]] = []
+    # (left, right) key pairs: an expression over one side's columns equal to one over
+    # the other's; a constant on the left joins a right side on a constant key (a
+    # one-row relation: every left row meets it)
+    def side_of(e: exp.Expr) -> int | None:
+        cols = list(e.find_all(exp.Column))
+        if not cols or e.find(exp.Subquery, exp.AggFunc, exp.Window) is not None:
+            return None
+        sides = {scope.side_of(c) for c in cols}
+        return sides.pop() if len(sides) == 1 else None
+
+    def over_side(e: exp.Expr) -> str:
+        """``e`` over its side's own columns (a state table's row)."""
+        return e.copy().transform(
+            lambda n: exp.column(_leaf_column(scope, n), quoted=True)
+            if isinstance(n, exp.Column) else n).sql(dialect="spark")
+
+    pairs: list[tuple[exp.Expr, exp.Expr]] = []
     for c in conjuncts(on):
         if not isinstance(c, exp.EQ):
             continue
         left, right = c.this, c.expression
-        if isinstance(left, exp.Column) and isinstance(right, exp.Column):
-            sides = (scope.side_of(left), scope.side_of(right))
-            if sides == (0, 1):
-                pairs.append((left, right))
-            elif sides == (1, 0):
-                pairs.append((right, left))
-        elif isinstance(left, exp.Literal) and isinstance(right, exp.Column) \
-                and scope.side_of(right) == 1:
+        sides = (side_of(left), side_of(right))
+        if sides == (0, 1):
+            pairs.append((left, right))
+        elif sides == (1, 0):
+            pairs.append((right, left))
+        elif isinstance(left, exp.Literal) and sides[1] == 1:
             pairs.append((left, right))
     if not pairs:
         raise UnsupportedQuery(
-            f"the join condition {on.sql(dialect='spark')} has no equality between a column "
-            "of each side; non-equi joins are not supported")
+            f"the join condition {on.sql(dialect='spark')} has no equality between an "
+            "expression of each side; non-equi joins are not supported")
     # a common type per key pair, from Spark: both sides' JSON of equal keys is then equal
     probe_items = [exp.alias_(exp.Array(expressions=[a.copy(), b.copy()]), f"k{i}")
                    for i, (a, b) in enumerate(pairs)]
@@ -605,8 +668,8 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
         common = schema.fields[i].dataType.elementType.simpleString()  # type: ignore[attr-defined]
         left_exprs.append(f"CAST({a.sql(dialect='spark')} AS {common})"
                           if isinstance(a, exp.Literal)
-                          else f"CAST(`{_leaf_column(scope, a)}` AS {common})")
-        right_exprs.append(f"CAST(`{_leaf_column(scope, b)}` AS {common})")
+                          else f"CAST({over_side(a)} AS {common})")
+        right_exprs.append(f"CAST({over_side(b)} AS {common})")
     side = (join.args.get("side") or "").upper()
     return JoinSpec(side.lower() if side in ("LEFT", "RIGHT", "FULL") else "inner",
                     on.sql(dialect="spark"),
@@ -674,6 +737,10 @@ def plan_materialized_view(
             _, info = scope.leaves[i]
             cols = (*info.columns, Column(JOIN_KEY, "string", False, hidden=True))
             states.append(StateDef(role, tuple(cols), (JOIN_KEY, *info.key), (JOIN_KEY,)))
+
+    if any(i.find(exp.Window) for i in items):
+        return _plan_window(spark, scope, select, items, names, visible, where_expr, where_sql,
+                            join, states, row_key_exprs)
 
     if not is_agg:
         rows: list[tuple[str, str]] = [(n, i.unalias().sql(dialect="spark"))
@@ -786,6 +853,72 @@ def plan_materialized_view(
                   tuple(rows), row_key,
                   AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs), running))
     return PlannedMv(plan, columns, [GROUP_KEY], states)
+
+
+def _plan_window(spark: SparkSession, scope: _Scope, select: exp.Select,
+                 items: Sequence[exp.Expr], names: Sequence[str], visible: Sequence[Column],
+                 where_expr: exp.Expr | None, where_sql: str | None, join: JoinSpec | None,
+                 states: list[StateDef],
+                 row_key_exprs: Sequence[tuple[str, str, str | None]]) -> PlannedMv:
+    """A SELECT list with window functions (all with one PARTITION BY, checked by
+    ``_check_window``): the columns it reads and the partition values become row
+    columns; a state table holds the rows by partition, and the MV's rows are keyed
+    by (partition, row key), so a touched partition's old rows are one keyed read.
+    ``row_number()`` breaks ties in its order by the row key: with ties, which row
+    gets which number is arbitrary in SQL; an MV must choose the same way each
+    time it recomputes a partition."""
+    windows = [w for i in items for w in i.find_all(exp.Window)]
+    if any(name == WINDOW_PART for name, _, _ in row_key_exprs):
+        raise UnsupportedQuery("window functions over the rows of another query's window "
+                               "functions are not supported; join the two instead")
+    row_exprs: list[tuple[str, exp.Expr]] = []
+    part_cols: list[str] = []
+    for n, p in enumerate(windows[0].args.get("partition_by") or []):
+        part_cols.append(f"_sf_p{n}")
+        row_exprs.append((part_cols[-1], p.copy()))
+    read: dict[str, str] = {}
+
+    def over_rows(tree: exp.Expr) -> exp.Expr:
+        def rewrite(node: exp.Expr) -> exp.Expr:
+            if not isinstance(node, exp.Column):
+                return node
+            sql = node.sql(dialect="spark")
+            if sql not in read:
+                read[sql] = f"_sf_x{len(read)}"
+                row_exprs.append((read[sql], node.copy()))
+            return exp.column(read[sql])
+        return tree.copy().transform(rewrite)
+
+    key = [name for name, _, _ in row_key_exprs]
+    outputs: list[tuple[str, str]] = []
+    for name, item in zip(names, items, strict=True):
+        out = over_rows(item.unalias())
+        for w in out.find_all(exp.Window):
+            if isinstance(w.this, exp.RowNumber):
+                order = w.args.get("order") or exp.Order(expressions=[])
+                order.set("expressions", [*order.expressions,
+                                          *[exp.Ordered(this=exp.column(k)) for k in key]])
+                w.set("order", order)
+        outputs.append((name, out.sql(dialect="spark")))
+
+    row_schema = _analyze(spark, scope, select,
+                          [exp.alias_(e.copy(), n) for n, e in row_exprs], where_expr)
+    row_columns = [_column_of(f.name, f.dataType.simpleString(), True)
+                   for f in row_schema.fields]
+    rows = [(n, e.sql(dialect="spark")) for n, e in row_exprs]
+    key_cols: list[Column] = []
+    for name, sql, type_ in row_key_exprs:
+        rows.append((name, sql))
+        assert type_ is not None
+        key_cols.append(Column(name, type_, False, hidden=True))
+    part = Column(WINDOW_PART, "string", False, hidden=True)
+    state_cols = (part, *[Column(c.name, c.type, True, hidden=True) for c in row_columns],
+                  *key_cols)
+    states.append(StateDef("window", state_cols, (WINDOW_PART, *key), (WINDOW_PART,)))
+    plan = MvPlan(tuple(Leaf(a, info.name) for a, info in scope.leaves), join, where_sql,
+                  tuple(rows), tuple(key), None,
+                  window=WindowSpec(tuple(part_cols), tuple(outputs)))
+    return PlannedMv(plan, [*visible, part, *key_cols], [WINDOW_PART, *key], states)
 
 
 def _running_aggs(row_schema: StructType, aggs: Sequence[tuple[str, str]],
@@ -940,6 +1073,13 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
         lines.append("  " * depth + f"TopN  order=({order}) limit={plan.topn.limit}"
                      + (f" offset={plan.topn.offset}" if plan.topn.offset else "")
                      + "  (recomputed from its input when it changes)")
+        depth += 1
+    if plan.window is not None:
+        part = ", ".join(plan.window.partition) or "one partition"
+        lines.append("  " * depth + f"Window  partition=({part})  "
+                     f"outputs=({', '.join(sql for _, sql in plan.window.outputs)})  "
+                     f"state={plan.states[-1] if plan.states else None}  "
+                     "(touched partitions recomputed)")
         depth += 1
     if plan.agg is not None:
         aggs = ", ".join(sql for _, sql in plan.agg.aggs) or "-"

@@ -22,6 +22,9 @@ plan is built from the rewritten tree.
   in each branch (TPC-H q19) is found.
 - A non-recursive CTE is inlined: each reference to it becomes a derived table of
   its query (then merged, or compiled as a link, like any derived table).
+- ``TUMBLE(t, col, INTERVAL ...)`` in FROM (the streaming engines' tumbling window)
+  is a derived table ``(SELECT *, window_start, window_end FROM t) AS t``: each row
+  with the fixed-size window (aligned to the Unix epoch) its ``col`` falls in.
 - Subqueries in ``WHERE``, ``HAVING`` and the SELECT list become joins with derived
   tables (``subqueries.py``), innermost first.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
@@ -36,20 +39,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
+from .errors import UnsupportedQuery
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 from .subqueries import decorrelate
 
-__all__ = ["rewrite_query", "ColumnsOf", "conjuncts", "has_star"]
+__all__ = ["rewrite_query", "tumbles_to_derived", "ColumnsOf", "conjuncts", "has_star"]
 
 
 def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
-    query = _merge_derived_tables(_inline_ctes(query.copy()), columns_of)
+    query = _merge_derived_tables(tumbles_to_derived(_inline_ctes(query.copy())), columns_of)
     _drop_order(query)
     query = _union_to_distinct(query)
     for select in reversed(list(query.find_all(exp.Select))):  # innermost first
@@ -104,6 +109,64 @@ def _inline_ctes(query: exp.Expr) -> exp.Expr:
             query.set(arg, None)
     _replace_references(query, ctes)
     return query
+
+
+#: microseconds per unit of a fixed-length interval (a month or a year is not fixed)
+_MICROS = {"MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000,
+           "MINUTE": 60_000_000, "HOUR": 3_600_000_000, "DAY": 86_400_000_000}
+
+
+def tumbles_to_derived(query: exp.Expr) -> exp.Expr:
+    """Every ``TUMBLE(t, col, size)`` in FROM or JOIN as a derived table of ``t`` with
+    ``window_start`` and ``window_end``, under the alias (or ``t``'s name)."""
+    for table in list(query.find_all(exp.Table)):
+        func = table.this
+        if not isinstance(func, exp.Anonymous):
+            continue
+        if str(func.name).upper() in ("HOP", "SESSION"):
+            raise UnsupportedQuery(
+                f"{str(func.name).upper()} windows are not supported yet (a row belongs to "
+                "several sliding windows, a session grows with the data); use TUMBLE")
+        if str(func.name).upper() != "TUMBLE":
+            continue
+        args = func.expressions
+        if len(args) != 3 or not isinstance(args[0], exp.Column | exp.Table | exp.Subquery) \
+                or not isinstance(args[1], exp.Column):
+            raise UnsupportedQuery("TUMBLE takes a table (or a subquery), a timestamp column "
+                                   "and a size: TUMBLE(bid, date_time, INTERVAL '10' SECOND)")
+        size = _interval_micros(args[2])
+        column = exp.column(args[1].name, quoted=True).sql("spark")
+        source = (f"({args[0].unnest().sql(dialect='spark')}) AS __sf_tumbled"
+                  if isinstance(args[0], exp.Subquery) else args[0].name)
+        micros = f"unix_micros({column})"
+        start = f"{micros} - pmod({micros}, {size})"
+        body = sqlglot.parse_one(
+            f"SELECT *, timestamp_micros({start}) AS window_start, "
+            f"timestamp_micros({start} + {size}) AS window_end FROM {source}", read="spark")
+        alias = table.alias_or_name if table.alias else \
+            "__sf_tumbled" if isinstance(args[0], exp.Subquery) else source
+        table.replace(exp.Subquery(this=body,
+                                   alias=exp.TableAlias(this=exp.to_identifier(alias))))
+    return query
+
+
+def _interval_micros(node: exp.Expr) -> int:
+    """A window size: a positive interval of fixed length, in microseconds."""
+    text = node.sql(dialect="spark")
+    if isinstance(node, exp.Interval):
+        unit = str(node.unit.name if node.unit is not None else "").upper().rstrip("S")
+        value = node.this.name if node.this is not None else ""
+        parts = value.split()
+        if len(parts) == 2 and not unit:  # INTERVAL '10 SECONDS'
+            value, unit = parts[0], parts[1].upper().rstrip("S")
+        try:
+            amount = float(value)
+        except ValueError:
+            amount = 0.0
+        if unit in _MICROS and amount > 0 and (amount * _MICROS[unit]).is_integer():
+            return int(amount * _MICROS[unit])
+    raise UnsupportedQuery(f"a window size must be a positive INTERVAL of fixed length "
+                           f"(microseconds to days), got {text}")
 
 
 def _replace_references(tree: exp.Expr, ctes: dict[str, exp.Expr]) -> None:

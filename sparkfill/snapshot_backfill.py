@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from .catalog import Relation
 from .changelog import union_all
 from .operators import MvDataflow
-from .planner import GROUP_OF_ROW, JOIN_KEY
+from .planner import GROUP_OF_ROW, JOIN_KEY, WINDOW_PART
 from .relation_store import DataFile, RelationStore
 from .schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
 
@@ -191,6 +191,8 @@ class SnapshotJob(threading.Thread):
         projected = self.dataflow.project(plan, [rows])
         if plan.agg is not None:
             return self.dataflow.agg_input_rows(plan, self.states[-1], projected)
+        if plan.window is not None:
+            return self.dataflow.window_input_rows(plan, self.states[-1], projected)
         return projected.select(*[c.name for c in self.mv.columns])
 
     def _chunks_of(self, leaf: int, rel: Relation) -> DataFrame:
@@ -216,16 +218,24 @@ class SnapshotJob(threading.Thread):
                 agg_rows = self.dataflow.agg_input_rows(plan, self.states[-1], joined)
                 targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
                 mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
+            elif plan.window is not None:
+                window_rows = self.dataflow.window_input_rows(plan, self.states[-1], joined)
+                targets.append((self.states[-1], window_rows, WINDOW_PART))
+                mv_rows = self.dataflow.evaluate_window(self.mv, plan, window_rows)
             else:
                 mv_rows = joined.select(*[c.name for c in self.mv.columns])
         elif plan.agg is not None:
             agg_rows = self._chunks_of(0, self.states[-1])
             targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
             mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
+        elif plan.window is not None:
+            window_rows = self._chunks_of(0, self.states[-1])
+            targets.append((self.states[-1], window_rows, WINDOW_PART))
+            mv_rows = self.dataflow.evaluate_window(self.mv, plan, window_rows)
         else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
             mv_rows = union_all([self._chunks_of(leaf, self.mv)
                                  for leaf in range(len(self.leaves))])
-        targets.append((self.mv, mv_rows, ""))
+        targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else ""))
         manifest: dict[str, Any] = {}
         for rel, rows, dist in targets:
             self._clear_uncommitted(rel)

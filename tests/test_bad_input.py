@@ -362,10 +362,15 @@ UNSUPPORTED = [
     ("union_agg", "SELECT order_id FROM orders UNION ALL SELECT count(*) AS c FROM orders",
      ("branch",)),
     (
-        "window",
-        "SELECT order_id, row_number() OVER (PARTITION BY cust ORDER BY amount) AS rn FROM orders",
-        ("window", "over", "row_number"),
+        "window_partitions",
+        "SELECT order_id, row_number() OVER (PARTITION BY cust ORDER BY amount) AS rn, "
+        "rank() OVER (PARTITION BY amount ORDER BY cust) AS rk FROM orders",
+        ("partition by",),
     ),
+    ("window_grouped", "SELECT cust, rank() OVER (ORDER BY count(*)) AS r FROM orders "
+     "GROUP BY cust", ("groups",)),
+    ("hop", "SELECT order_id FROM HOP(orders, ts, INTERVAL '1' SECOND, INTERVAL '5' SECOND)",
+     ("hop",)),
     (
         "subquery",
         "SELECT order_id FROM orders WHERE amount > (SELECT amount FROM orders o "

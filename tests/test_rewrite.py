@@ -1,6 +1,7 @@
 """Query rewrites of the same meaning: what each produces, and what it leaves alone
 (no Spark); and that the decorrelated subqueries return the rows of the original
-query, NULLs included, by Spark's batch queries over random tables. That the engine
+query, NULLs included, by Spark's batch queries over random tables, and that TUMBLE
+is Spark's own tumbling window. That the engine
 maintains them is checked by the oracle tests of test_incremental_sql.py."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from helpers import assert_same_rows
 from pyspark.sql import types as T
 from sqlglot import exp
 
-from sparkfill.rewrite import rewrite_query
+from sparkfill.errors import UnsupportedQuery
+from sparkfill.rewrite import rewrite_query, tumbles_to_derived
 
 COLUMNS = {"orders": ["o_orderkey", "o_custkey"], "lineitem": ["l_orderkey", "l_qty"],
            "t": ["id", "k", "v"], "d": ["k", "name"]}
@@ -183,3 +185,33 @@ def test_decorrelated_queries_return_the_rows_of_the_original(spark, seed):
     finally:
         spark.catalog.dropTempView("t")
         spark.catalog.dropTempView("d")
+
+
+def test_tumble_is_the_tumbling_window_spark_computes(spark):
+    """``TUMBLE(t, ts, size)`` gives each row the window Spark's own ``window(ts,
+    size)`` puts it in (aligned to the Unix epoch), for sub-second, second, minute
+    and day sizes, timestamps before 1970 included; a sliding window is refused."""
+    rng = random.Random(5)
+    rows = [(i, rng.randrange(-10**15, 10**15)) for i in range(200)]
+    spark.createDataFrame(rows, "id INT, us BIGINT").selectExpr(
+        "id", "timestamp_micros(us) AS ts").createOrReplaceTempView("tw")
+    try:
+        for size, spark_size in [("INTERVAL '250' MILLISECOND", "250 milliseconds"),
+                                 ("INTERVAL '10' SECOND", "10 seconds"),
+                                 ("INTERVAL '5' MINUTE", "5 minutes"),
+                                 ("INTERVAL '1' DAY", "1 day")]:
+            ours = tumbles_to_derived(sqlglot.parse_one(
+                f"SELECT id, window_start, window_end FROM TUMBLE(tw, ts, {size})",
+                read="spark")).sql(dialect="spark")
+            spark_own = (f"SELECT id, window(ts, '{spark_size}').start AS window_start, "
+                         f"window(ts, '{spark_size}').end AS window_end FROM tw")
+            assert_same_rows(spark.sql(ours), spark.sql(spark_own), label=size)
+        with pytest.raises(UnsupportedQuery, match="HOP"):
+            tumbles_to_derived(sqlglot.parse_one(
+                "SELECT * FROM HOP(tw, ts, INTERVAL '1' SECOND, INTERVAL '5' SECOND)",
+                read="spark"))
+        with pytest.raises(UnsupportedQuery, match="fixed length"):
+            tumbles_to_derived(sqlglot.parse_one(
+                "SELECT * FROM TUMBLE(tw, ts, INTERVAL '1' MONTH)", read="spark"))
+    finally:
+        spark.catalog.dropTempView("tw")
