@@ -173,22 +173,24 @@ class EpochCoordinator:
                       own_seconds: float | None = None) -> None:
         """The RFC's "final way", budgeted from the backfill's own share of the epoch:
         grow or shrink the chunk so that what the backfill adds to an epoch — the
-        time the epoch spent on this MV's Δ (``own_seconds``), else the epoch's time
-        above ``base_seconds`` — stays near what the target leaves it (the target less
-        the rest of the epoch, at least half the target). Epochs that are slow for
-        other reasons (other MVs, other jobs) do not shrink it, and it never falls
+        time the epoch spent on this MV's Δ (``own_seconds``), and at most the epoch's
+        time above ``base_seconds`` when that is known — stays near what the target
+        leaves it (the target less the rest of the epoch, at least half the target).
+        Epochs that are slow for other reasons (other MVs, other jobs) do not shrink
+        it, and it never falls
         below the chunk that finishes the job in ``MAX_BACKFILL_EPOCHS`` (nor below a
         quarter of ``backfill_chunk_rows``), so a job never slows to a crawl."""
         assert mv.options is not None
         target = mv.options.target_epoch_ms / 1000.0
         if target <= 0 or mv.options.strategy != "arrangement":
             return
-        if own_seconds is None:
-            rest = self.base_seconds or 0.0
-            own = max(0.05, epoch_seconds - rest)
-        else:
-            own = max(0.05, own_seconds)
-            rest = max(0.0, epoch_seconds - own)
+        # the backfill's own time: at most the epoch's time above the base cost of an
+        # epoch without backfill (when known), at most the time spent on this MV
+        above_base = epoch_seconds - (self.base_seconds or 0.0)
+        own = max(0.05, above_base if own_seconds is None
+                  else min(own_seconds, above_base) if self.base_seconds is not None
+                  else own_seconds)
+        rest = max(0.0, epoch_seconds - own)
         allowed = max(target - rest, target / 2)
         factor = min(2.0, max(0.5, allowed / own))
         base = mv.options.chunk_rows

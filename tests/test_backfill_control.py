@@ -128,3 +128,22 @@ def test_rate_limit_is_smooth_for_snapshot_phase_1(engine, spark, warehouse):
         engine.step()
         assert time.monotonic() < deadline + 120
     check_mv(engine, spark, "m", TEMPLATE, "kv", engine.committed_epoch)
+
+
+def test_the_chunk_follows_the_mvs_own_time_not_other_mvs(engine, spark):
+    """With every epoch backfilling something (no epoch measures the base cost), an
+    epoch slow because of other work leaves the chunk growing when the MV's own Δ
+    took little of it, and shrinks it when the MV's own Δ was the slow part."""
+    _load(engine, 3000)
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
+               "backfill_chunk_rows = 400, backfill_target_epoch_ms = 4000) AS "
+               + mv_sql(TEMPLATE, "kv"))
+    coord = engine.coordinator
+    mv = engine.catalog.get("m")
+    coord._base_samples.clear()
+    coord._adapt_budget(mv, 20.0, own_seconds=0.3)  # 19.7 s of others' work
+    assert coord._budget_of(mv) == 800
+    coord._adapt_budget(mv, 20.0, own_seconds=8.0)  # the MV's own work is the slow part
+    assert coord._budget_of(mv) == 400
+    coord._adapt_budget(mv, 20.0)  # nothing known of its own share: the whole epoch
+    assert coord._budget_of(mv) == 200
