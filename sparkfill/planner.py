@@ -455,9 +455,10 @@ def _check_shape(query: exp.Expr) -> exp.Query:
                 names.add(str(node.name).lower())
             if "session_window" in names or ("window" in names and len(node.expressions) > 2):
                 raise UnsupportedQuery(
-                    f"{node.sql(dialect='spark')}: session and sliding windows are not "
-                    "supported yet (a session grows with the data, a row belongs to several "
-                    "sliding windows); use a tumbling window")
+                    f"{node.sql(dialect='spark')}: Spark's session and sliding window() "
+                    "are not supported (a session grows and merges with the data); for "
+                    "tumbling and hopping windows use TUMBLE(t, col, size) or HOP(t, col, "
+                    "slide, size) in FROM")
             bad = names & NONDETERMINISTIC
             if bad:
                 raise UnsupportedQuery(

@@ -24,7 +24,9 @@ plan is built from the rewritten tree.
   its query (then merged, or compiled as a link, like any derived table).
 - ``TUMBLE(t, col, INTERVAL ...)`` in FROM (the streaming engines' tumbling window)
   is a derived table ``(SELECT *, window_start, window_end FROM t) AS t``: each row
-  with the fixed-size window (aligned to the Unix epoch) its ``col`` falls in.
+  with the fixed-size window (aligned to the Unix epoch) its ``col`` falls in;
+  ``HOP(t, col, slide, size)`` is a UNION ALL of one such projection per window a
+  row falls in.
 - Subqueries in ``WHERE``, ``HAVING`` and the SELECT list become joins with derived
   tables (``subqueries.py``), innermost first.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
@@ -117,34 +119,49 @@ _MICROS = {"MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000,
 
 
 def tumbles_to_derived(query: exp.Expr) -> exp.Expr:
-    """Every ``TUMBLE(t, col, size)`` in FROM or JOIN as a derived table of ``t`` with
-    ``window_start`` and ``window_end``, under the alias (or ``t``'s name)."""
+    """Every ``TUMBLE(t, col, size)`` and ``HOP(t, col, slide, size)`` in FROM or JOIN
+    as a derived table of ``t`` with ``window_start`` and ``window_end``, under the
+    alias (or ``t``'s name): a tumbling window is one projection; a row is in
+    ``ceil(size / slide)`` hopping windows, one UNION ALL branch each (the window
+    starting ``i`` slides before the one its time falls in; kept when it still holds
+    the time)."""
     for table in list(query.find_all(exp.Table)):
         func = table.this
         if not isinstance(func, exp.Anonymous):
             continue
-        if str(func.name).upper() in ("HOP", "SESSION"):
-            raise UnsupportedQuery(
-                f"{str(func.name).upper()} windows are not supported yet (a row belongs to "
-                "several sliding windows, a session grows with the data); use TUMBLE")
-        if str(func.name).upper() != "TUMBLE":
+        kind = str(func.name).upper()
+        if kind == "SESSION":
+            raise UnsupportedQuery("SESSION windows are not supported (a session grows and "
+                                   "merges with the data); use TUMBLE or HOP")
+        if kind not in ("TUMBLE", "HOP"):
             continue
         args = func.expressions
-        if len(args) != 3 or not isinstance(args[0], exp.Column | exp.Table | exp.Subquery) \
+        sizes = 1 if kind == "TUMBLE" else 2
+        if len(args) != 2 + sizes or not isinstance(
+                args[0], exp.Column | exp.Table | exp.Subquery) \
                 or not isinstance(args[1], exp.Column):
-            raise UnsupportedQuery("TUMBLE takes a table (or a subquery), a timestamp column "
-                                   "and a size: TUMBLE(bid, date_time, INTERVAL '10' SECOND)")
-        size = _interval_micros(args[2])
+            raise UnsupportedQuery(
+                f"{kind} takes a table (or a subquery), a timestamp column and "
+                + ("a size: TUMBLE(bid, date_time, INTERVAL '10' SECOND)" if kind == "TUMBLE"
+                   else "a slide and a size: HOP(bid, date_time, INTERVAL '2' SECOND, "
+                        "INTERVAL '10' SECOND)"))
+        size = _interval_micros(args[-1])
+        slide = size if kind == "TUMBLE" else _interval_micros(args[2])
         column = exp.column(args[1].name, quoted=True).sql("spark")
-        source = (f"({args[0].unnest().sql(dialect='spark')}) AS __sf_tumbled"
+        name = f"__sf_{kind.lower()}ed"
+        source = (f"({args[0].unnest().sql(dialect='spark')}) AS {name}"
                   if isinstance(args[0], exp.Subquery) else args[0].name)
         micros = f"unix_micros({column})"
-        start = f"{micros} - pmod({micros}, {size})"
-        body = sqlglot.parse_one(
-            f"SELECT *, timestamp_micros({start}) AS window_start, "
-            f"timestamp_micros({start} + {size}) AS window_end FROM {source}", read="spark")
+        branches = []
+        for i in range(-(-size // slide)):
+            start = f"{micros} - pmod({micros}, {slide}) - {i * slide}"
+            where = f" WHERE {micros} < {start} + {size}" if size % slide else ""
+            branches.append(f"SELECT *, timestamp_micros({start}) AS window_start, "
+                            f"timestamp_micros({start} + {size}) AS window_end "
+                            f"FROM {source}{where}")
+        body = sqlglot.parse_one(" UNION ALL ".join(branches), read="spark")
         alias = table.alias_or_name if table.alias else \
-            "__sf_tumbled" if isinstance(args[0], exp.Subquery) else source
+            name if isinstance(args[0], exp.Subquery) else source
         table.replace(exp.Subquery(this=body,
                                    alias=exp.TableAlias(this=exp.to_identifier(alias))))
     return query

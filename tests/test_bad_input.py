@@ -369,8 +369,8 @@ UNSUPPORTED = [
     ),
     ("window_grouped", "SELECT cust, rank() OVER (ORDER BY count(*)) AS r FROM orders "
      "GROUP BY cust", ("groups",)),
-    ("hop", "SELECT order_id FROM HOP(orders, ts, INTERVAL '1' SECOND, INTERVAL '5' SECOND)",
-     ("hop",)),
+    ("session", "SELECT cust, count(*) AS n FROM orders GROUP BY cust, "
+     "session_window(ts, '5 seconds')", ("session",)),
     (
         "subquery",
         "SELECT order_id FROM orders WHERE amount > (SELECT amount FROM orders o "

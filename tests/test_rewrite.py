@@ -1,7 +1,7 @@
 """Query rewrites of the same meaning: what each produces, and what it leaves alone
 (no Spark); and that the decorrelated subqueries return the rows of the original
 query, NULLs included, by Spark's batch queries over random tables, and that TUMBLE
-is Spark's own tumbling window. That the engine
+are Spark's own tumbling and sliding windows. That the engine
 maintains them is checked by the oracle tests of test_incremental_sql.py."""
 
 from __future__ import annotations
@@ -187,10 +187,12 @@ def test_decorrelated_queries_return_the_rows_of_the_original(spark, seed):
         spark.catalog.dropTempView("d")
 
 
-def test_tumble_is_the_tumbling_window_spark_computes(spark):
+def test_tumble_and_hop_are_the_windows_spark_computes(spark):
     """``TUMBLE(t, ts, size)`` gives each row the window Spark's own ``window(ts,
     size)`` puts it in (aligned to the Unix epoch), for sub-second, second, minute
-    and day sizes, timestamps before 1970 included; a sliding window is refused."""
+    and day sizes, timestamps before 1970 included; ``HOP(t, ts, slide, size)`` gives
+    it every window ``window(ts, size, slide)`` does, the size a multiple of the
+    slide or not."""
     rng = random.Random(5)
     rows = [(i, rng.randrange(-10**15, 10**15)) for i in range(200)]
     spark.createDataFrame(rows, "id INT, us BIGINT").selectExpr(
@@ -206,10 +208,20 @@ def test_tumble_is_the_tumbling_window_spark_computes(spark):
             spark_own = (f"SELECT id, window(ts, '{spark_size}').start AS window_start, "
                          f"window(ts, '{spark_size}').end AS window_end FROM tw")
             assert_same_rows(spark.sql(ours), spark.sql(spark_own), label=size)
-        with pytest.raises(UnsupportedQuery, match="HOP"):
+        for slide, size, spark_slide, spark_size in [
+                ("INTERVAL '2' SECOND", "INTERVAL '10' SECOND", "2 seconds", "10 seconds"),
+                ("INTERVAL '4' SECOND", "INTERVAL '10' SECOND", "4 seconds", "10 seconds"),
+                ("INTERVAL '1' MINUTE", "INTERVAL '1' HOUR", "1 minute", "1 hour")]:
+            ours = tumbles_to_derived(sqlglot.parse_one(
+                f"SELECT id, window_start, window_end FROM HOP(tw, ts, {slide}, {size})",
+                read="spark")).sql(dialect="spark")
+            spark_own = (f"SELECT id, w.start AS window_start, w.end AS window_end FROM "
+                         f"(SELECT id, window(ts, '{spark_size}', '{spark_slide}') AS w "
+                         "FROM tw)")
+            assert_same_rows(spark.sql(ours), spark.sql(spark_own), label=f"{slide} {size}")
+        with pytest.raises(UnsupportedQuery, match="HOP takes"):
             tumbles_to_derived(sqlglot.parse_one(
-                "SELECT * FROM HOP(tw, ts, INTERVAL '1' SECOND, INTERVAL '5' SECOND)",
-                read="spark"))
+                "SELECT * FROM HOP(tw, ts, INTERVAL '5' SECOND)", read="spark"))
         with pytest.raises(UnsupportedQuery, match="fixed length"):
             tumbles_to_derived(sqlglot.parse_one(
                 "SELECT * FROM TUMBLE(tw, ts, INTERVAL '1' MONTH)", read="spark"))
