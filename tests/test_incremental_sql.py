@@ -57,7 +57,7 @@ def random_shape(rng: random.Random) -> tuple[str, list[str]]:
     where = rng.choice(["", " WHERE v % 3 <> 0", " WHERE s IS NOT NULL", " WHERE v > 200"])
     kind = rng.choice(["project", "agg", "global", "distinct", "join", "left_join", "join_agg",
                        "union", "filter_agg", "comma_join", "right_join", "full_join",
-                       "union_distinct"])
+                       "union_distinct", "window", "window_top"])
     sql, tables = _shape(rng, kind, where)
     # ORDER BY without LIMIT orders nothing an MV keeps: accepted and ignored
     return (sql + " ORDER BY 1" if rng.random() < 0.3 else sql), tables
@@ -86,6 +86,12 @@ def _shape(rng: random.Random, kind: str, where: str) -> tuple[str, list[str]]:
     if kind == "comma_join":  # the join's equality in WHERE
         return ("SELECT x.id, x.v, y.name FROM {t} x, {d} y "
                 "WHERE x.g = y.g AND x.v > 50", ["t", "d"])
+    if kind == "window":  # ranks share ties; a whole-partition sum
+        return (f"SELECT id, g, rank() OVER (PARTITION BY g ORDER BY v) AS rk, "
+                f"sum(v) OVER (PARTITION BY g) AS sg FROM {{t}}{where}", ["t"])
+    if kind == "window_top":  # a top-2 per group (a total order: the oracle agrees)
+        return (f"SELECT g, id, v FROM (SELECT g, id, v, row_number() OVER (PARTITION BY g "
+                f"ORDER BY v DESC, id) AS rn FROM {{t}}{where}) r WHERE rn <= 2", ["t"])
     if kind == "union_distinct":  # a set: DISTINCT over a UNION ALL link
         return (f"SELECT g, v % 7 AS r FROM {{t}}{where} UNION SELECT g, w % 7 FROM {{d}}",
                 ["t", "d"])
@@ -360,7 +366,8 @@ def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
 
 
 @pytest.mark.parametrize("query,needle", [
-    ("SELECT id, row_number() OVER (ORDER BY v) AS r FROM t", "window functions"),
+    ("SELECT id, row_number() OVER (PARTITION BY g ORDER BY v) AS r, "
+     "rank() OVER (PARTITION BY v ORDER BY id) AS k FROM t", "different PARTITION BY"),
     ("SELECT id FROM t ORDER BY v LIMIT 3", "SELECT list"),
     ("SELECT id FROM t LIMIT 3", "LIMIT"),
     ("SELECT t.id FROM t, d WHERE t.g < d.g", "cross join"),
