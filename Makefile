@@ -7,7 +7,7 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
