@@ -829,22 +829,10 @@ def plan_materialized_view(
             raise SqlError(f"column {leftover[0].sql(dialect='spark')} must appear in GROUP BY "
                            "or inside an aggregate")
 
-    # types of the row stage's columns, from Spark
-    row_schema = _analyze(spark, scope, select,
-                          [exp.alias_(e.copy(), n) for n, e in row_exprs], where_expr)
-    row_columns = [_column_of(f.name, f.dataType.simpleString(), True)
-                   for f in row_schema.fields]
-    rows = [(n, e.sql(dialect="spark")) for n, e in row_exprs]
-    key_cols: list[Column] = []
-    for name, sql, type_ in row_key_exprs:
-        rows.append((name, sql))
-        assert type_ is not None
-        key_cols.append(Column(name, type_, False, hidden=True))
+    row_schema, rows, key_cols, state = _row_stage_by_partition(
+        spark, scope, select, row_exprs, where_expr, row_key_exprs, "agg", GROUP_OF_ROW)
+    states.append(state)
     row_key = tuple(c.name for c in key_cols)
-    agg_state_cols = (Column(GROUP_OF_ROW, "string", False, hidden=True),
-                      *[Column(c.name, c.type, True, hidden=True) for c in row_columns],
-                      *key_cols)
-    states.append(StateDef("agg", agg_state_cols, (GROUP_OF_ROW, *row_key), (GROUP_OF_ROW,)))
     running = (_running_aggs(row_schema, aggs)
                if having_sql is None and group_cols else None)
     columns = [*visible, Column(GROUP_KEY, "string", False, hidden=True)]
@@ -854,6 +842,32 @@ def plan_materialized_view(
                   tuple(rows), row_key,
                   AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs), running))
     return PlannedMv(plan, columns, [GROUP_KEY], states)
+
+
+def _row_stage_by_partition(
+    spark: SparkSession, scope: _Scope, select: exp.Select,
+    row_exprs: Sequence[tuple[str, exp.Expr]], where_expr: exp.Expr | None,
+    row_key_exprs: Sequence[tuple[str, str, str | None]], role: str, part: str,
+) -> tuple[StructType, list[tuple[str, str]], list[Column], StateDef]:
+    """The row stage of an aggregate or of window functions: ``row_exprs`` and the
+    row key as row columns, their types from Spark; and the state table that holds
+    the rows by ``part`` (the JSON of a row's group or window partition), keyed
+    ``(part, row key)`` and distributed by ``part``. Returns (row schema, row
+    columns as (name, SQL), the key's columns, the state table)."""
+    row_schema = _analyze(spark, scope, select,
+                          [exp.alias_(e.copy(), n) for n, e in row_exprs], where_expr)
+    rows = [(n, e.sql(dialect="spark")) for n, e in row_exprs]
+    key_cols: list[Column] = []
+    for name, sql, type_ in row_key_exprs:
+        rows.append((name, sql))
+        assert type_ is not None
+        key_cols.append(Column(name, type_, False, hidden=True))
+    state_cols = (Column(part, "string", False, hidden=True),
+                  *[_column_of(f.name, f.dataType.simpleString(), True, hidden=True)
+                    for f in row_schema.fields],
+                  *key_cols)
+    state = StateDef(role, state_cols, (part, *[c.name for c in key_cols]), (part,))
+    return row_schema, rows, key_cols, state
 
 
 def _plan_window(spark: SparkSession, scope: _Scope, select: exp.Select,
@@ -902,20 +916,10 @@ def _plan_window(spark: SparkSession, scope: _Scope, select: exp.Select,
                 w.set("order", order)
         outputs.append((name, out.sql(dialect="spark")))
 
-    row_schema = _analyze(spark, scope, select,
-                          [exp.alias_(e.copy(), n) for n, e in row_exprs], where_expr)
-    row_columns = [_column_of(f.name, f.dataType.simpleString(), True)
-                   for f in row_schema.fields]
-    rows = [(n, e.sql(dialect="spark")) for n, e in row_exprs]
-    key_cols: list[Column] = []
-    for name, sql, type_ in row_key_exprs:
-        rows.append((name, sql))
-        assert type_ is not None
-        key_cols.append(Column(name, type_, False, hidden=True))
-    part = Column(WINDOW_PART, "string", False, hidden=True)
-    state_cols = (part, *[Column(c.name, c.type, True, hidden=True) for c in row_columns],
-                  *key_cols)
-    states.append(StateDef("window", state_cols, (WINDOW_PART, *key), (WINDOW_PART,)))
+    _, rows, key_cols, state = _row_stage_by_partition(
+        spark, scope, select, row_exprs, where_expr, row_key_exprs, "window", WINDOW_PART)
+    states.append(state)
+    part = state.columns[0]
     plan = MvPlan(tuple(Leaf(a, info.name) for a, info in scope.leaves), join, where_sql,
                   tuple(rows), tuple(key), None,
                   window=WindowSpec(tuple(part_cols), tuple(outputs)))
