@@ -338,10 +338,8 @@ class MvDataflow:
         assert plan.agg is not None
         spec = plan.agg
         cols = [c.name for c in agg_state.columns]
-        written = None if rows is None else emit(agg_state, consolidate(
-            self.agg_input_rows(plan, agg_state, rows.before),
-            self.agg_input_rows(plan, agg_state, rows.after),
-            cols, agg_state.key, (GROUP_OF_ROW,)), rows_hint)
+        written = None if rows is None else self._emit_stage_input(plan, agg_state, rows,
+                                                                    emit, rows_hint)
         delta = None if written is None else written.delta
         names = [c.name for c in mv.columns]
         if not spec.group:
@@ -374,13 +372,10 @@ class MvDataflow:
         (a keyed read: the MV is keyed by partition first)."""
         if rows is None:
             return None
-        cols = [c.name for c in state.columns]
-        written = emit(state, consolidate(
-            self.window_input_rows(plan, state, rows.before),
-            self.window_input_rows(plan, state, rows.after),
-            cols, state.key, (WINDOW_PART,)), rows_hint)
+        written = self._emit_stage_input(plan, state, rows, emit, rows_hint)
         if written is None:
             return None
+        cols = [c.name for c in state.columns]
         touched = _touched_keys([written], WINDOW_PART)
         old_input = self.store.lookup(state.stored, epoch - 1, touched,
                                       vnodes=written.vnodes).select(*cols)
@@ -399,6 +394,26 @@ class MvDataflow:
         return rows.selectExpr(
             f"{_group_json_sql(plan.window.partition, types)} AS {WINDOW_PART}",
             *[quoted(c.name) for c in state.columns if c.name != WINDOW_PART])
+
+    def _emit_stage_input(self, plan: MvPlan, state: Relation, rows: Change, emit: Emit,
+                          rows_hint: int) -> Appended | None:
+        """Append the row stage's change to the aggregate's or the window's state table
+        (distributed by its first key column, the group or partition)."""
+        return emit(state, consolidate(
+            self.stage_input_rows(plan, state, rows.before),
+            self.stage_input_rows(plan, state, rows.after),
+            [c.name for c in state.columns], state.key, state.key[:1]), rows_hint)
+
+    def stage_input_rows(self, plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
+        """Row-stage rows as rows of the state table of the aggregate or of the window
+        functions (its first key column: the row's group or partition)."""
+        return (self.agg_input_rows(plan, state, rows) if plan.agg is not None
+                else self.window_input_rows(plan, state, rows))
+
+    def evaluate_stage(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
+        """The MV's rows over whole groups or partitions of that state's ``rows``."""
+        return (self.evaluate(mv, plan, rows) if plan.agg is not None
+                else self.evaluate_window(mv, plan, rows))
 
     @staticmethod
     def evaluate_window(mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:

@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from .catalog import Relation
 from .changelog import union_all
 from .operators import MvDataflow
-from .planner import GROUP_OF_ROW, JOIN_KEY, WINDOW_PART
+from .planner import JOIN_KEY, WINDOW_PART
 from .relation_store import DataFile, RelationStore
 from .schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
 
@@ -189,10 +189,8 @@ class SnapshotJob(threading.Thread):
         if plan.join is not None:
             return self.dataflow.side_rows(plan, leaf, rows, self.states[leaf])
         projected = self.dataflow.project(plan, [rows])
-        if plan.agg is not None:
-            return self.dataflow.agg_input_rows(plan, self.states[-1], projected)
-        if plan.window is not None:
-            return self.dataflow.window_input_rows(plan, self.states[-1], projected)
+        if plan.agg is not None or plan.window is not None:
+            return self.dataflow.stage_input_rows(plan, self.states[-1], projected)
         return projected.select(*[c.name for c in self.mv.columns])
 
     def _chunks_of(self, leaf: int, rel: Relation) -> DataFrame:
@@ -207,6 +205,9 @@ class SnapshotJob(threading.Thread):
         plan = self.mv.plan
         assert plan is not None
         targets: list[tuple[Relation, DataFrame, str]] = []
+        # an aggregate's or window functions' input rows, held by group or partition
+        staged = plan.agg is not None or plan.window is not None
+        stage_rows: DataFrame | None = None
         if plan.join is not None:
             sides = []
             for side, state in enumerate(self.states[:2]):
@@ -214,27 +215,20 @@ class SnapshotJob(threading.Thread):
                 targets.append((state, rows, JOIN_KEY))
                 sides.append(rows.select(*[c.name for c in self.leaves[side].columns]))
             joined = self.dataflow.project(plan, sides)
-            if plan.agg is not None:
-                agg_rows = self.dataflow.agg_input_rows(plan, self.states[-1], joined)
-                targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
-                mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
-            elif plan.window is not None:
-                window_rows = self.dataflow.window_input_rows(plan, self.states[-1], joined)
-                targets.append((self.states[-1], window_rows, WINDOW_PART))
-                mv_rows = self.dataflow.evaluate_window(self.mv, plan, window_rows)
+            if staged:
+                stage_rows = self.dataflow.stage_input_rows(plan, self.states[-1], joined)
             else:
                 mv_rows = joined.select(*[c.name for c in self.mv.columns])
-        elif plan.agg is not None:
-            agg_rows = self._chunks_of(0, self.states[-1])
-            targets.append((self.states[-1], agg_rows, GROUP_OF_ROW))
-            mv_rows = self.dataflow.evaluate(self.mv, plan, agg_rows)
-        elif plan.window is not None:
-            window_rows = self._chunks_of(0, self.states[-1])
-            targets.append((self.states[-1], window_rows, WINDOW_PART))
-            mv_rows = self.dataflow.evaluate_window(self.mv, plan, window_rows)
+        elif staged:
+            stage_rows = self._chunks_of(0, self.states[-1])
         else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
             mv_rows = union_all([self._chunks_of(leaf, self.mv)
                                  for leaf in range(len(self.leaves))])
+        if stage_rows is not None:
+            state = self.states[-1]
+            targets.append((state, stage_rows, state.key[0]))
+            mv_rows = self.dataflow.evaluate_stage(self.mv, plan, stage_rows)
+        # an MV of window functions is distributed by partition, as its state
         targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else ""))
         manifest: dict[str, Any] = {}
         for rel, rows, dist in targets:
