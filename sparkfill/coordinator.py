@@ -177,19 +177,19 @@ class EpochCoordinator:
         time above ``base_seconds`` when that is known — stays near what the target
         leaves it (the target less the rest of the epoch, at least half the target).
         Epochs that are slow for other reasons (other MVs, other jobs) do not shrink
-        it, and it never falls
-        below the chunk that finishes the job in ``MAX_BACKFILL_EPOCHS`` (nor below a
-        quarter of ``backfill_chunk_rows``), so a job never slows to a crawl."""
+        it, and it never falls below the chunk that finishes the job in
+        ``MAX_BACKFILL_EPOCHS`` (nor below a quarter of ``backfill_chunk_rows``), so a
+        job never slows to a crawl."""
         assert mv.options is not None
         target = mv.options.target_epoch_ms / 1000.0
         if target <= 0 or mv.options.strategy != "arrangement":
             return
-        # the backfill's own time: at most the epoch's time above the base cost of an
-        # epoch without backfill (when known), at most the time spent on this MV
-        above_base = epoch_seconds - (self.base_seconds or 0.0)
-        own = max(0.05, above_base if own_seconds is None
-                  else min(own_seconds, above_base) if self.base_seconds is not None
-                  else own_seconds)
+        # the backfill's own time: the time spent on this MV, and at most the epoch's
+        # time above the base cost of an epoch without backfill (when known)
+        own = epoch_seconds if own_seconds is None else own_seconds
+        if self.base_seconds is not None:
+            own = min(own, epoch_seconds - self.base_seconds)
+        own = max(0.05, own)
         rest = max(0.0, epoch_seconds - own)
         allowed = max(target - rest, target / 2)
         factor = min(2.0, max(0.5, allowed / own))
@@ -296,6 +296,7 @@ class EpochCoordinator:
                 continue  # computed with its MV
             if self.catalog.is_waiting(rel):
                 continue  # its backfill starts once its upstream MVs are created
+            began = time.time()
             if uses_snapshot_job(rel):
                 rel = self.prepare_snapshot_job(rel)
                 with self.store.reading_for(rel.name):
@@ -308,7 +309,6 @@ class EpochCoordinator:
                 out, hint = step.result, step.rows_hint
                 scans: list[ScanResult] = []
             else:
-                began = time.time()
                 with self.store.reading_for(rel.name):
                     out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
                                                       created)
