@@ -16,7 +16,7 @@ from sqlglot import exp
 
 from .errors import SqlError, UnsupportedQuery
 from .options import validate_option
-from .rewrite import tumbles_to_derived
+from .rewrite import time_windows_to_derived
 from .schema import Column, normalize_type_name
 
 __all__ = [
@@ -455,8 +455,8 @@ def parse_statement(sql: str) -> Command:
         where = tree.args.get("where")
         return Delete(tree.this.name, None if where is None else where.this.sql(dialect="spark"))
     if isinstance(tree, exp.Query):
-        # a query runs on Spark as written, TUMBLE (not Spark's) as its definition
-        tree = tumbles_to_derived(tree)
+        # a query runs on Spark as written, TUMBLE and HOP (not Spark's) as their definition
+        tree = time_windows_to_derived(tree)
         return Query(tree, _tables_of(tree))
     if isinstance(tree, exp.Command):
         raise UnsupportedQuery(f"statement {sql.strip().split()[0].upper()} ... is not supported")

@@ -50,13 +50,13 @@ from .errors import UnsupportedQuery
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 from .subqueries import decorrelate
 
-__all__ = ["rewrite_query", "tumbles_to_derived", "ColumnsOf", "conjuncts", "has_star"]
+__all__ = ["rewrite_query", "time_windows_to_derived", "ColumnsOf", "conjuncts", "has_star"]
 
 
 def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
-    query = _merge_derived_tables(tumbles_to_derived(_inline_ctes(query.copy())), columns_of)
+    query = _merge_derived_tables(time_windows_to_derived(_inline_ctes(query.copy())), columns_of)
     _drop_order(query)
     query = _union_to_distinct(query)
     for select in reversed(list(query.find_all(exp.Select))):  # innermost first
@@ -118,7 +118,7 @@ _MICROS = {"MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000,
            "MINUTE": 60_000_000, "HOUR": 3_600_000_000, "DAY": 86_400_000_000}
 
 
-def tumbles_to_derived(query: exp.Expr) -> exp.Expr:
+def time_windows_to_derived(query: exp.Expr) -> exp.Expr:
     """Every ``TUMBLE(t, col, size)`` and ``HOP(t, col, slide, size)`` in FROM or JOIN
     as a derived table of ``t`` with ``window_start`` and ``window_end``, under the
     alias (or ``t``'s name): a tumbling window is one projection; a row is in
@@ -148,7 +148,7 @@ def tumbles_to_derived(query: exp.Expr) -> exp.Expr:
         size = _interval_micros(args[-1])
         slide = size if kind == "TUMBLE" else _interval_micros(args[2])
         column = exp.column(args[1].name, quoted=True).sql("spark")
-        name = f"__sf_{kind.lower()}ed"
+        name = f"__sf_{kind.lower()}"
         source = (f"({args[0].unnest().sql(dialect='spark')}) AS {name}"
                   if isinstance(args[0], exp.Subquery) else args[0].name)
         micros = f"unix_micros({column})"

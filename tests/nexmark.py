@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlglot
 
-from sparkfill.rewrite import tumbles_to_derived
+from sparkfill.rewrite import time_windows_to_derived
 
 #: the three generated streams (10 events per epoch and table unless changed) and
 #: the bounded side input of q13
@@ -210,5 +210,5 @@ def batch(spark: Any, eng: Any, query: str, epoch: int) -> Any:
     as the derived table that defines it: Spark has no TUMBLE)."""
     for table in TABLES:
         eng.read(table, as_of=epoch).createOrReplaceTempView(table)
-    tree = tumbles_to_derived(sqlglot.parse_one(query, read="spark"))
+    tree = time_windows_to_derived(sqlglot.parse_one(query, read="spark"))
     return spark.sql(tree.sql(dialect="spark"))

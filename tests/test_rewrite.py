@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 from sqlglot import exp
 
 from sparkfill.errors import UnsupportedQuery
-from sparkfill.rewrite import rewrite_query, tumbles_to_derived
+from sparkfill.rewrite import rewrite_query, time_windows_to_derived
 
 COLUMNS = {"orders": ["o_orderkey", "o_custkey"], "lineitem": ["l_orderkey", "l_qty"],
            "t": ["id", "k", "v"], "d": ["k", "name"]}
@@ -202,7 +202,7 @@ def test_tumble_and_hop_are_the_windows_spark_computes(spark):
                                  ("INTERVAL '10' SECOND", "10 seconds"),
                                  ("INTERVAL '5' MINUTE", "5 minutes"),
                                  ("INTERVAL '1' DAY", "1 day")]:
-            ours = tumbles_to_derived(sqlglot.parse_one(
+            ours = time_windows_to_derived(sqlglot.parse_one(
                 f"SELECT id, window_start, window_end FROM TUMBLE(tw, ts, {size})",
                 read="spark")).sql(dialect="spark")
             spark_own = (f"SELECT id, window(ts, '{spark_size}').start AS window_start, "
@@ -212,7 +212,7 @@ def test_tumble_and_hop_are_the_windows_spark_computes(spark):
                 ("INTERVAL '2' SECOND", "INTERVAL '10' SECOND", "2 seconds", "10 seconds"),
                 ("INTERVAL '4' SECOND", "INTERVAL '10' SECOND", "4 seconds", "10 seconds"),
                 ("INTERVAL '1' MINUTE", "INTERVAL '1' HOUR", "1 minute", "1 hour")]:
-            ours = tumbles_to_derived(sqlglot.parse_one(
+            ours = time_windows_to_derived(sqlglot.parse_one(
                 f"SELECT id, window_start, window_end FROM HOP(tw, ts, {slide}, {size})",
                 read="spark")).sql(dialect="spark")
             spark_own = (f"SELECT id, w.start AS window_start, w.end AS window_end FROM "
@@ -220,10 +220,10 @@ def test_tumble_and_hop_are_the_windows_spark_computes(spark):
                          "FROM tw)")
             assert_same_rows(spark.sql(ours), spark.sql(spark_own), label=f"{slide} {size}")
         with pytest.raises(UnsupportedQuery, match="HOP takes"):
-            tumbles_to_derived(sqlglot.parse_one(
+            time_windows_to_derived(sqlglot.parse_one(
                 "SELECT * FROM HOP(tw, ts, INTERVAL '5' SECOND)", read="spark"))
         with pytest.raises(UnsupportedQuery, match="fixed length"):
-            tumbles_to_derived(sqlglot.parse_one(
+            time_windows_to_derived(sqlglot.parse_one(
                 "SELECT * FROM TUMBLE(tw, ts, INTERVAL '1' MONTH)", read="spark"))
     finally:
         spark.catalog.dropTempView("tw")
