@@ -26,7 +26,6 @@ import datetime as dt
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -35,25 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import nexmark  # noqa: E402
+from query_bench import TABLE_HEAD, log, measure, refused_table  # noqa: E402
 
 from sparkfill import Engine  # noqa: E402
-from sparkfill.errors import UnsupportedQuery  # noqa: E402
 from sparkfill.session import build_spark_session  # noqa: E402
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def batch_seconds(spark, eng, query: str, work: Path) -> float:
-    times = []
-    epoch = eng.committed_epoch
-    for i in range(3):
-        start = time.perf_counter()
-        nexmark.batch(spark, eng, query, epoch).write.mode("overwrite").parquet(
-            str(work / f"batch{i}"))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run(args: argparse.Namespace) -> str:
@@ -72,35 +56,11 @@ def run(args: argparse.Namespace) -> str:
         bids = eng.read("bid").count()
         log(f"{args.history} epochs of {args.events} events in {load_s:.1f}s ({bids:,} bids)")
         for name in args.queries or list(nexmark.QUERIES):
-            query = nexmark.QUERIES[name]
-            try:
-                eng.sql(f"CREATE MATERIALIZED VIEW {name} AS {query}")
-            except UnsupportedQuery as exc:
-                refused.append(f"| {name} | {str(exc).splitlines()[0]} |")
-                log(f"{name}: refused ({exc})")
-                continue
-            start = time.perf_counter()
-            epochs = 0
-            while eng.progress(name).state != "created":
-                eng.step()
-                epochs += 1
-            created_s = time.perf_counter() - start
-            steady = []
-            for _ in range(args.epochs):
-                t0 = time.perf_counter()
-                eng.step()
-                steady.append(time.perf_counter() - t0)
-            batch_s = batch_seconds(spark, eng, query, work)
-            exact = eng.verify(name).count() == 0
-            mv_rows = eng.read(name).count()
-            links = len([r for r in eng.catalog.all() if r.owner == eng.relation(name).id
-                         and r.kind == "mv"])
-            steady_s = statistics.median(steady)
-            rows.append(f"| {name} | {links} | {mv_rows:,} | {epochs} | {created_s:.1f} | "
-                        f"{batch_s:.2f} | {created_s / batch_s:.1f} | {steady_s:.2f} | "
-                        f"{steady_s / batch_s:.2f} | {'yes' if exact else 'NO'} |")
-            log(rows[-1])
-            eng.sql(f"DROP MATERIALIZED VIEW {name}")
+            # every epoch generates the streams' next batch: nothing to add before it
+            row = measure(spark, eng, name, nexmark.QUERIES[name], nexmark.batch,
+                          lambda: None, args.epochs, work, refused)
+            if row is not None:
+                rows.append(row)
     finally:
         eng.close()
         spark.stop()
@@ -119,17 +79,10 @@ def run(args: argparse.Namespace) -> str:
         "flow; steady: median epoch after; batch: median of 3 Spark runs of the query "
         "over the same snapshots, written to Parquet. Links: the query's internal MVs.",
         "",
-        "| query | links | MV rows | epochs to created | created (s) | batch (s) | "
-        "created ÷ batch | steady epoch (s) | steady ÷ batch | exact |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *TABLE_HEAD,
         *rows,
         "",
-        f"Refused ({len(refused)} of {len(nexmark.QUERIES)}):",
-        "",
-        "| query | reason |",
-        "|---|---|",
-        *refused,
-        "",
+        *refused_table(refused, len(nexmark.QUERIES)),
     ]
     return "\n".join(head)
 
