@@ -127,6 +127,28 @@ def check_mv(eng, spark, mv: str, template: str, upstream: str, epoch: int) -> N
     )
 
 
+def step_checking_queries(eng, spark, queries: dict[str, str], batch: Callable[..., DataFrame],
+                          before_epoch: Callable[[], object], limit: int,
+                          label: str) -> dict[str, int]:
+    """Epochs (``before_epoch()`` before each, at least 4, at most ``limit``) until
+    every MV of ``queries`` (name -> SQL) was checked twice: once created, at every
+    epoch, ``read(mv, as_of=e)`` equals ``batch(spark, eng, sql, e)``, Spark running
+    the query over the snapshots of ``e``. Returns the checks per MV."""
+    checked = {name: 0 for name in queries}
+    for n in range(limit):
+        before_epoch()
+        report = eng.step()
+        for name, sql in queries.items():
+            if eng.progress(name).state == "created":
+                assert_same_rows(eng.read(name, as_of=report.epoch),
+                                 batch(spark, eng, sql, report.epoch),
+                                 label=f"{label} {name} at epoch {report.epoch}")
+                checked[name] += 1
+        if n >= 3 and min(checked.values()) >= 2:
+            break
+    return checked
+
+
 # --------------------------------------------------------------------------- #
 # Table model
 # --------------------------------------------------------------------------- #

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import tpch
-from helpers import assert_same_rows
+from helpers import step_checking_queries
 
 from sparkfill import Engine
 from sparkfill.errors import UnsupportedQuery
@@ -35,18 +35,9 @@ def test_tpch_queries_created_online_under_refresh_match_batch(spark, tmp_path, 
         for name in CI_QUERIES:
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill_chunk_rows = 4000) AS "
                     f"{tpch.QUERIES[name]}")
-        checked = {name: 0 for name in CI_QUERIES}
-        for n in range(40):
-            refresh.apply(eng, 4)
-            report = eng.step()
-            for name in CI_QUERIES:
-                if eng.progress(name).state == "created":
-                    assert_same_rows(eng.read(name, as_of=report.epoch),
-                                     tpch.batch(spark, eng, tpch.QUERIES[name], report.epoch),
-                                     label=f"TPC-H {name} at epoch {report.epoch}")
-                    checked[name] += 1
-            if n >= 3 and min(checked.values()) >= 2:
-                break
+        checked = step_checking_queries(
+            eng, spark, {name: tpch.QUERIES[name] for name in CI_QUERIES}, tpch.batch,
+            lambda: refresh.apply(eng, 4), 40, "TPC-H")
         assert min(checked.values()) >= 2, checked
         for name in CI_QUERIES:
             assert eng.read(name).count() > 0, f"{name} is empty on this data"
