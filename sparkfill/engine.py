@@ -694,27 +694,31 @@ class Engine:
         return None
 
     def _query(self, cmd: Query, epoch: int | None = None) -> DataFrame:
+        """The query over the snapshots at ``epoch``. The snapshots are handed to
+        ``spark.sql`` as DataFrame arguments, not as temporary views dropped on
+        return: a Spark Connect DataFrame is analysed when it runs, so its plan
+        must carry its relations."""
         epoch = self.meta.committed_epoch if epoch is None else epoch
-        tree = cmd.tree.copy()
-        views: dict[str, str] = {}
+        snapshots: dict[str, Any] = {}
         for name in cmd.tables:
             rel = self.catalog.get(name)
-            view = f"__sf_{rel.name}_{uuid.uuid4().hex[:8]}"
-            self._snapshot(rel, self._epoch_for_read(rel, epoch)).createOrReplaceTempView(view)
-            views[name.lower()] = view
+            snapshots[f"sf_rel_{len(snapshots)}"] = \
+                self._snapshot(rel, self._epoch_for_read(rel, epoch))
+        arg_of = dict(zip([n.lower() for n in cmd.tables], snapshots, strict=True))
 
         def rename(node: exp.Expr) -> exp.Expr:
-            if isinstance(node, exp.Table) and node.name.lower() in views:
+            if isinstance(node, exp.Table) and node.name.lower() in arg_of:
                 alias = node.alias or node.name
-                return exp.Table(this=exp.to_identifier(views[node.name.lower()]),
+                return exp.Table(this=exp.to_identifier(arg_of[node.name.lower()]),
                                  alias=exp.TableAlias(this=exp.to_identifier(alias)))
             return node
 
-        try:
-            return self.spark.sql(tree.transform(rename).sql(dialect="spark"))
-        finally:
-            for view in views.values():
-                self.spark.catalog.dropTempView(view)
+        # str.format fills {sf_rel_i}: every other brace of the text is doubled
+        text = cmd.tree.copy().transform(rename).sql(dialect="spark")
+        text = text.replace("{", "{{").replace("}", "}}")
+        for arg in snapshots:
+            text = re.sub(rf"\b{arg}\b", "{" + arg + "}", text)
+        return self.spark.sql(text, **snapshots)
 
     # --- introspection --------------------------------------------------------------------
 

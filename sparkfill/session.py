@@ -4,6 +4,10 @@ Invariant: every session sparkfill creates is configured the same way —
 UTC session time zone, Parquet timestamps as microseconds, small shuffle
 partition counts, UI off, quiet logs — so that results do not depend on
 where the engine runs. A caller's own session is used as given.
+
+With ``remote`` (or ``$SPARK_REMOTE``, pyspark's own variable) the session is a
+Spark Connect client of that server: the server owns its static settings (UI,
+memory, retention); the client sets the runtime SQL ones (``RUNTIME_CONF``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 __all__ = ["build_spark_session", "default_parallelism_of", "quiet_python_loggers",
-           "SESSION_CONF", "LOGS_ENV"]
+           "SESSION_CONF", "RUNTIME_CONF", "LOGS_ENV", "REMOTE_ENV"]
 
 #: Settings applied to every session sparkfill builds.
 SESSION_CONF: dict[str, str] = {
@@ -43,6 +47,21 @@ SESSION_CONF: dict[str, str] = {
     "spark.ui.dagGraph.retainedRootRDDs": "200",
 }
 
+#: The settings of ``SESSION_CONF`` a Spark Connect client may set on its session
+#: (runtime SQL settings; the others are the server's, fixed when it starts).
+RUNTIME_CONF: tuple[str, ...] = (
+    "spark.sql.session.timeZone",
+    "spark.sql.parquet.outputTimestampType",
+    "spark.sql.sources.partitionOverwriteMode",
+    "spark.sql.parquet.compression.codec",
+    "spark.sql.execution.arrow.pyspark.enabled",
+    "spark.sql.maxPlanStringLength",
+    "spark.sql.adaptive.enabled",
+)
+
+#: pyspark's variable naming a Spark Connect server (``sc://host:port``)
+REMOTE_ENV = "SPARK_REMOTE"
+
 
 def build_spark_session(
     master: str | None = None,
@@ -50,8 +69,10 @@ def build_spark_session(
     driver_memory: str = "2g",
     app_name: str = "sparkfill",
     extra_conf: dict[str, Any] | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
-    """Return a local SparkSession configured for sparkfill.
+    """Return a SparkSession configured for sparkfill: a Spark Connect session of
+    ``remote`` (default ``$SPARK_REMOTE``) when one is named, else a local one.
 
     ``master`` defaults to ``$SPARKFILL_MASTER`` or ``local[*]``;
     ``shuffle_partitions`` to twice the local core count (at least 2).
@@ -59,6 +80,15 @@ def build_spark_session(
     master = master or os.environ.get("SPARKFILL_MASTER", "local[*]")
     cores = os.cpu_count() or 2
     partitions = shuffle_partitions or max(2, 2 * cores)
+    remote = remote or os.environ.get(REMOTE_ENV)
+    if remote:
+        quiet_python_loggers()
+        session = SparkSession.builder.remote(remote).getOrCreate()
+        runtime = {k: SESSION_CONF[k] for k in RUNTIME_CONF}
+        runtime["spark.sql.shuffle.partitions"] = str(partitions)
+        for key, value in {**runtime, **(extra_conf or {})}.items():
+            session.conf.set(key, str(value))
+        return session
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

@@ -1,5 +1,9 @@
-"""Shared fixtures: one local SparkSession for the whole run, a fresh warehouse
-directory per test, and an Engine over it that is closed after the test."""
+"""Shared fixtures: one SparkSession for the whole run, a fresh warehouse
+directory per test, and an Engine over it that is closed after the test.
+
+The session is local, or, with ``SPARKFILL_TEST_CONNECT=1``, a Spark Connect
+client of a server the fixture starts (``connect_server.py``); tests marked
+``connect`` are the subset ``make test`` runs that way too."""
 
 from __future__ import annotations
 
@@ -15,13 +19,31 @@ if TESTS_DIR not in sys.path:
 from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 
 
-@pytest.fixture(scope="session")
-def spark():
-    from sparkfill.session import build_spark_session
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "connect: also run against a Spark Connect server (SPARKFILL_TEST_CONNECT=1)")
 
-    session = build_spark_session(master="local[2]", shuffle_partitions=2)
-    yield session
-    session.stop()
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    from connect_server import CONNECT_ENV, ConnectServer
+
+    from sparkfill.session import REMOTE_ENV, build_spark_session
+
+    if os.environ.get(CONNECT_ENV) != "1":
+        session = build_spark_session(master="local[2]", shuffle_partitions=2)
+        yield session
+        session.stop()
+        return
+    with ConnectServer(tmp_path_factory.mktemp("connect")) as server:
+        # processes a test starts (crash drivers, the CLI) connect to it too
+        os.environ[REMOTE_ENV] = server.url
+        session = build_spark_session(remote=server.url, shuffle_partitions=2)
+        try:
+            yield session
+        finally:
+            session.stop()
+            os.environ.pop(REMOTE_ENV, None)
 
 
 @pytest.fixture

@@ -227,6 +227,7 @@ def test_wrong_type_key_insert(fx):
     raises(fx, DataError, lambda: fx.eng.insert("orders", rows), "order_id")
 
 
+@pytest.mark.connect
 def test_wrong_type_spark_dataframe(fx, spark):
     df = spark.createDataFrame(
         [(103, 1, "not-a-number", "x")], "order_id BIGINT, cust INT, amount STRING, label STRING"
@@ -314,6 +315,7 @@ def test_unknown_column_update(fx):
     )
 
 
+@pytest.mark.connect
 def test_unknown_column_mv(fx):
     raises(
         fx,
@@ -382,6 +384,7 @@ UNSUPPORTED = [
 ]
 
 
+@pytest.mark.connect
 def test_unsupported_mv_queries(fx):
     cases = Cases(fx)
     for name, query, words in UNSUPPORTED:

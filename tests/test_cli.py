@@ -14,6 +14,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 from helpers import assert_rows_equal, subprocess_env
 
@@ -214,6 +215,7 @@ def test_run_waits_for_upstreams_and_stops_cleanly_on_sigint(spark, tmp_path):
             assert eng.verify(mv).count() == 0
 
 
+@pytest.mark.connect
 def test_pipeline_is_checked_before_it_runs_and_a_rerun_resumes(spark, tmp_path, capsys):
     wh = tmp_path / "wh"
     head = ("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id));\n"

@@ -38,6 +38,7 @@ def test_new_warehouse_starts_at_epoch_zero(engine):
     assert rep.changes.get("kv") == 1
 
 
+@pytest.mark.connect
 def test_dml_applies_in_call_order_within_epoch(engine, spark):
     engine.sql(KV)
     model = TableModel(KV_COLS, key="id")
@@ -98,6 +99,7 @@ def test_dml_applies_in_call_order_within_epoch(engine, spark):
     )
 
 
+@pytest.mark.connect
 def test_reopen_recovers_state_and_staged_dml(warehouse, spark):
     template = "SELECT id, v * 3 AS v3 FROM {src} WHERE v % 20 = 0"
     model = TableModel(KV_COLS, key="id")
@@ -158,6 +160,7 @@ def _names(df) -> set[str]:
     return {v for row in df.collect() for v in row if isinstance(v, str)}
 
 
+@pytest.mark.connect
 def test_show_statements(engine):
     engine.sql(KV)
     engine.insert("kv", kv_rows(range(300)))
@@ -212,6 +215,7 @@ def test_set_default_chunk_rows(engine, spark):
         assert_same_rows(engine.read(name), engine.read("kv").select("id", "v"), label=name)
 
 
+@pytest.mark.connect
 def test_drop_creating_mv_cancels_job(engine, spark):
     engine.sql(KV)
     model = TableModel(KV_COLS, key="id")
@@ -249,6 +253,7 @@ def test_drop_creating_mv_cancels_job(engine, spark):
     check_mv(engine, spark, "kvm", template, "kv", engine.committed_epoch)
 
 
+@pytest.mark.connect
 def test_rate_limit_bounds_backfill_speed(engine, spark):
     engine.sql(KV)
     engine.insert("kv", kv_rows(range(1200)))
@@ -362,6 +367,7 @@ def test_read_only_open_reads_beside_the_writer_and_refuses_writes(engine, wareh
     assert not nowhere.exists()
 
 
+@pytest.mark.connect
 def test_a_failure_after_the_commit_is_reported_not_raised(engine, monkeypatch):
     """A step whose epoch committed returns its report, whatever fails after the
     commit (housekeeping, a sink's write): that work is retried later."""
@@ -415,6 +421,7 @@ def test_a_warehouse_uri_of_another_scheme_is_refused_creating_nothing(spark, tm
 CLASSIC_ONLY_ATTRIBUTES = {"sparkContext", "_jdf", "_jsc", "_jvm", "_jsparkSession", "rdd"}
 
 
+@pytest.mark.connect
 def test_the_engine_uses_no_classic_only_spark_api():
     """No module of the package reads an attribute only a classic session has (the
     SparkContext, the JVM handles, RDDs) or imports py4j."""

@@ -215,6 +215,33 @@ def test_backfill_under_random_dml(strategy, engine, spark):
     assert sc.recheck_time_travel() >= 1, "no earlier epoch could be read with as_of"
 
 
+@pytest.mark.connect
+def test_every_strategy_side_by_side_under_random_dml(engine, spark):
+    """One MV per backfill strategy over the same table, created in the same epoch
+    while DML flows (snapshot's phase 1 runs beside the others' epochs): each is
+    exact at every epoch once created; the table matches its model throughout.
+    Small, so it also runs against a Spark Connect server."""
+    from sparkfill.options import STRATEGIES as ALL_STRATEGIES
+
+    rng = random.Random("every-strategy-3")
+    engine.sql(create_table_sql("t"))
+    wl = Workload(engine, spark, "t", rng, key_space=1500)
+    sc = Scenario(engine, spark, "t", wl)
+    wl.initial_load(500)
+    sc.step()
+    for strategy in ALL_STRATEGIES:
+        sc.create_mv(f"m_{strategy}", MV_MAIN, "t", strategy, 150)
+    n = 0
+    while n < 4 or not sc.all_created():
+        n += 1
+        assert n <= 30, f"not created after {n} epochs: {[m.observations[-1] for m in sc.mvs]}"
+        wl.random_epoch_dml()
+        sc.step()
+    for mv in sc.mvs:
+        assert len(mv.checked_epochs) >= 1, mv.name
+        sc.check_progress_history(mv, expect_multi_epoch=False)
+
+
 def test_mv_created_on_creating_mv(engine, spark):
     """An MV over an MV that is still backfilling: either it is accepted (queued or
     backfilling) and becomes correct, or it is refused with MaterializedViewNotReady

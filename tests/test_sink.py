@@ -32,6 +32,7 @@ def _app(eng, name: str) -> str:
     return f"{APP_PREFIX}{sink.id}"
 
 
+@pytest.mark.connect
 def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
     eng = engine
     eng.store.max_log_files = 3  # compact often: syncs after a compaction rewrite everything

@@ -121,7 +121,8 @@ def _wait_for(eng, work, name: str, pred, limit: int = 80):
     raise AssertionError(f"{name}: condition never reached; last progress {eng.progress(name)}")
 
 
-@pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3"])
+@pytest.mark.parametrize("phase", [pytest.param("phase1", marks=pytest.mark.connect),
+                                   "phase2", "phase3"])
 def test_cancel_in_each_phase_removes_job_and_keeps_upstream(engine, spark, warehouse,
                                                             monkeypatch, phase):
     monkeypatch.setattr(snapshot_jobs, "CATCH_UP_EPOCHS", 2)
@@ -215,6 +216,7 @@ def _run_until(script: str, warehouse: str, tests_dir: str, pred, delay: float) 
     return seen
 
 
+@pytest.mark.connect
 def test_sigkill_in_each_phase_resumes_exactly_once(tmp_path, spark):
     warehouse = str(tmp_path / "wh")
     script = str(tmp_path / "driver.py")

@@ -40,6 +40,7 @@ def _replay(state: dict, batch_rows: list, columns: list[str], key: str) -> None
             state[r[key]] = tuple(r[c] for c in columns)
 
 
+@pytest.mark.connect
 def test_datagen_hits_live_keys_replays_exactly_and_is_deterministic(engine, spark):
     eng = engine
     eng.sql(GEN)
