@@ -15,7 +15,11 @@ live off the local disk. The queries are written for SQLite (``?`` placeholders,
 ``ON CONFLICT`` upserts); ``_PgConn`` is the whole dialect adapter: ``?`` becomes
 ``%s``, INTEGER becomes BIGINT and REAL DOUBLE PRECISION in the schema, rows are
 read by name and by index like ``sqlite3.Row``, and a write transaction is
-REPEATABLE READ instead of ``BEGIN IMMEDIATE``.
+REPEATABLE READ instead of ``BEGIN IMMEDIATE`` (the writer lock already keeps
+every other writer out, so no write transaction can conflict; SERIALIZABLE
+would add nothing). Reads outside a transaction, and all of a read-only
+engine's, run statement by statement in both databases: each statement sees
+the last committed transaction whole, never a part of one.
 
 A PostgreSQL meta store keeps each warehouse's tables in a schema of its own,
 named when the warehouse is created (``sf_<folder name>_<random hex>``) and
