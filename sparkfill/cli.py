@@ -40,6 +40,10 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
 
 def _status(warehouse: Path, console: Console) -> int:
     meta = warehouse / "meta.sqlite"
+    if not meta.exists() and (warehouse / "meta.json").is_file():
+        console.print(f"[red]error:[/red] {warehouse} keeps its meta store in PostgreSQL "
+                      "(meta.json); status reads a SQLite meta store (meta.sqlite) only")
+        return 2
     if not meta.exists():
         console.print(f"[red]error:[/red] {warehouse} is not a sparkfill warehouse")
         return 2

@@ -1,10 +1,10 @@
 """The Engine: sparkfill's public entry point.
 
 Invariants: every public method either completes or raises a
-``SparkfillError`` having changed nothing (errors of Spark, delta-rs, SQLite
-and sqlglot are translated here, at the boundary); reads see committed epochs
-only; opening a warehouse recovers it — cleans what no committed epoch refers
-to and re-runs the epoch that was in flight. ``step`` stages each source's
+``SparkfillError`` having changed nothing (errors of Spark, delta-rs, SQLite,
+PostgreSQL and sqlglot are translated here, at the boundary); reads see
+committed epochs only; opening a warehouse recovers it — cleans what no
+committed epoch refers to and re-runs the epoch that was in flight. ``step`` stages each source's
 input for the epoch before running it and brings every sink up to the epoch
 after committing it.
 """
@@ -65,8 +65,8 @@ from .frontend import (
     parse_statement,
 )
 from .join_chain import explain_chain, plan_chain
-from .lock import WriterLock
-from .meta_store import MetaStore, SourceRow
+from .lock import AdvisoryLock, WriterLock
+from .meta_store import MetaStore, PgTarget, SourceRow, check_meta, open_postgres
 from .metadata import explain_existing, show_rows, show_schema
 from .options import WAREHOUSE_OPTIONS, resolve_options
 from .planner import (
@@ -152,28 +152,45 @@ class Engine:
     """An incremental materialized-view engine over one warehouse folder."""
 
     def __init__(self, warehouse: str | Path, spark: SparkSession | None = None,
-                 *, retain_epochs: int = 200, read_only: bool = False) -> None:
+                 *, retain_epochs: int = 200, read_only: bool = False,
+                 meta: str | None = None) -> None:
         """Open (or create) a warehouse as its one writer; ``read_only=True`` opens an
         existing one for reading beside its writer: reads, progress, SHOW, EXPLAIN,
         VERIFY and queries see each epoch the writer commits; anything that would
-        write raises ``WarehouseReadOnly``."""
+        write raises ``WarehouseReadOnly``.
+
+        ``meta`` names the meta store: None (the default) keeps it in the warehouse
+        (SQLite, ``meta.sqlite``); ``"postgresql://user:password@host:port/database"``
+        keeps it in that PostgreSQL database, in a schema of the warehouse's own, with
+        the writer lock an advisory lock there (no shared filesystem needed). A
+        warehouse is always reopened with the meta store it was created with
+        (``MetaStoreError`` otherwise); another kind of URL raises ``InvalidOption``."""
         self._closed = True
         self.read_only = read_only
         self.path = _local_warehouse(warehouse)
-        if read_only and not (self.path / "meta.sqlite").is_file():
-            raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a read-only "
-                                    "open needs one that exists")
-        if not read_only:
-            self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = WriterLock(self.path / "writer.lock")
-        if not read_only:
-            self._lock.acquire()
+        pg_url = check_meta(self.path, meta)
+        self._lock: WriterLock | AdvisoryLock | None
+        pg: PgTarget | None = None
+        if pg_url is not None:
+            pg, self._lock = open_postgres(self.path, pg_url, read_only)
+        else:
+            if read_only and not (self.path / "meta.sqlite").is_file():
+                raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a "
+                                        "read-only open needs one that exists")
+            if not read_only:
+                self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = WriterLock(self.path / "writer.lock")
+            if not read_only:
+                self._lock.acquire()
         try:
             self._own_spark = spark is None
             self.spark = spark if spark is not None else build_spark_session()
             # a caller's session too: an epoch's plans reuse cached Δs many times
             self.spark.conf.set("spark.sql.maxPlanStringLength", "65536")
-            self.meta = MetaStore(self.path / "meta.sqlite", read_only=read_only)
+            self.meta = MetaStore(pg if pg is not None else self.path / "meta.sqlite",
+                                  read_only=read_only)
+            if isinstance(self._lock, AdvisoryLock):
+                self.meta.fence = self._lock.check
             self.store = RelationStore(self.spark, self.path / "relations", self.meta)
             self.catalog = Catalog(self.meta)
             self.stager = DmlStager(self.spark, self.meta, self.path / "staging" / "dml")
@@ -188,7 +205,10 @@ class Engine:
                 self._recover()
         except BaseException as exc:
             self._closed = True
-            self._lock.release()
+            if getattr(self, "meta", None) is not None:
+                self.meta.close()
+            if self._lock is not None:
+                self._lock.release()
             if isinstance(exc, SparkfillError) or not isinstance(exc, Exception):
                 raise
             raise _translate(exc, "Engine.open") from exc
@@ -245,7 +265,8 @@ class Engine:
             self.coordinator.snapshots.stop_all()
             self.meta.close()
         finally:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
             if self._own_spark:
                 self.spark.stop()
 

@@ -1,7 +1,7 @@
 """The one exception hierarchy of sparkfill.
 
 Invariant: every error that crosses the public API is a ``SparkfillError``;
-errors of Spark, delta-rs, SQLite or sqlglot are translated at the boundary
+errors of Spark, delta-rs, SQLite, PostgreSQL or sqlglot are translated at the boundary
 (``sparkfill.engine``) into one of these, with what was wrong and where.
 A statement or DML call that raises one of these has changed nothing.
 """
@@ -25,6 +25,7 @@ __all__ = [
     "EpochNotRetained",
     "WarehouseLocked",
     "WarehouseReadOnly",
+    "MetaStoreError",
     "EngineClosed",
     "SourceError",
     "SinkError",
@@ -95,6 +96,12 @@ class WarehouseLocked(SparkfillError):
 class WarehouseReadOnly(SparkfillError):
     """A write through an engine opened with ``read_only=True`` (or a read-only
     open of a folder that is not a warehouse)."""
+
+
+class MetaStoreError(SparkfillError):
+    """The meta store named by ``Engine(..., meta=...)`` cannot serve this warehouse:
+    its server cannot be reached, its driver is missing, or the warehouse was
+    created with another meta store (recorded in the warehouse's ``meta.json``)."""
 
 
 class EngineClosed(SparkfillError):

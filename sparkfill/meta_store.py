@@ -4,26 +4,69 @@ source offsets and sinks.
 Invariant: the meta store is the source of truth for what is committed. An
 epoch is committed exactly when ``commit_epoch`` returns; everything it
 records (relation versions, progress, applied DML, row counts) lands in that
-one SQLite transaction. Nothing above the committed epoch is ever read. A
+one transaction. Nothing above the committed epoch is ever read. A
 source's offset advances in the same transaction that stages its input as DML
 (``stage_source``), so an input is staged once and applied by one epoch.
 
-SQLite is the default; the interface is small and plain SQL so that another
-database can serve a cluster.
+Two databases serve it with one schema (``_SCHEMA``) and one set of queries:
+SQLite in the warehouse (``meta.sqlite``, the embedded default) and PostgreSQL
+(``Engine(..., meta="postgresql://...")``) for a warehouse whose meta store must
+live off the local disk. The queries are written for SQLite (``?`` placeholders,
+``ON CONFLICT`` upserts); ``_PgConn`` is the whole dialect adapter: ``?`` becomes
+``%s``, INTEGER becomes BIGINT and REAL DOUBLE PRECISION in the schema, rows are
+read by name and by index like ``sqlite3.Row``, and a write transaction is
+REPEATABLE READ instead of ``BEGIN IMMEDIATE`` (the writer lock already keeps
+every other writer out, so no write transaction can conflict; SERIALIZABLE
+would add nothing). Reads outside a transaction, and all of a read-only
+engine's, run statement by statement in both databases: each statement sees
+the last committed transaction whole, never a part of one.
+
+A PostgreSQL meta store keeps each warehouse's tables in a schema of its own,
+named when the warehouse is created (``sf_<folder name>_<random hex>``) and
+recorded in the warehouse's ``meta.json`` with the URL less its password; a
+warehouse is always reopened with the meta store it was created with (the
+same URL, or none for SQLite), else ``MetaStoreError``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sqlite3
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from .errors import InvalidOption, MetaStoreError, WarehouseReadOnly
+
+if TYPE_CHECKING:
+    from .lock import AdvisoryLock
 
 __all__ = ["MetaStore", "RelationRow", "StagedBatch", "ProgressRow", "EpochCommit", "SourceRow",
-           "SinkRow"]
+           "SinkRow", "Conn", "PgTarget", "META_FILE", "check_meta", "open_postgres"]
+
+
+class Cursor(Protocol):
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """A meta store connection as its methods use it: ``sqlite3.Connection`` or the
+    PostgreSQL adapter ``_PgConn`` (``?`` placeholders; rows by name and index)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -151,30 +194,57 @@ class EpochCommit:
 
 
 class MetaStore:
-    def __init__(self, path: Path, read_only: bool = False) -> None:
+    """The meta store over SQLite (``path`` a file) or PostgreSQL (``path`` a
+    ``PgTarget``: a database and the schema that namespaces one warehouse)."""
+
+    def __init__(self, path: Path | PgTarget, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
+        #: run at the start of every write transaction (the PostgreSQL writer lock's check
+        #: that this engine still holds it); raises to refuse the write
+        self.fence: Callable[[Conn], None] | None = None
+        self._conn: Conn
+        self._pg: _PgConn | None = None
+        if isinstance(path, PgTarget):
+            self._pg = _PgConn(_pg_open(path, read_only))
+            self._conn = self._pg
+            self._begin = "BEGIN ISOLATION LEVEL REPEATABLE READ"
+            return
+        self._begin = "BEGIN IMMEDIATE"
         if read_only:
             uri = f"file:{path}?mode=ro"
-            self._conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                         check_same_thread=False)
+            lite = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                   check_same_thread=False)
         else:
-            self._conn = sqlite3.connect(str(path), isolation_level=None,
-                                         check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.executescript(_SCHEMA)
-        self._conn.row_factory = sqlite3.Row
+            lite = sqlite3.connect(str(path), isolation_level=None,
+                                   check_same_thread=False)
+            lite.execute("PRAGMA journal_mode=WAL")
+            lite.execute("PRAGMA synchronous=FULL")
+            lite.executescript(_SCHEMA)
+        lite.row_factory = sqlite3.Row
+        self._lite = lite
+        self._conn = lite
 
     def close(self) -> None:
-        self._conn.close()
+        if self._pg is not None:
+            self._pg.raw.close()
+        else:
+            self._lite.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        self._conn.execute("BEGIN IMMEDIATE")
+    def transaction(self) -> Iterator[Conn]:
+        """One write transaction: SQLite's ``BEGIN IMMEDIATE`` (the database's one
+        writer), PostgreSQL's REPEATABLE READ (one snapshot; the writer lock keeps
+        other writers out, so no write can conflict). Readers outside it see its
+        writes all at once, at COMMIT, or none of them."""
+        self._conn.execute(self._begin)
         try:
+            if self.fence is not None:
+                self.fence(self._conn)
             yield self._conn
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._pg is None or not self._pg.raw.broken:
+                self._conn.execute("ROLLBACK")
             raise
         else:
             self._conn.execute("COMMIT")
@@ -185,7 +255,7 @@ class MetaStore:
         row = self._conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
         return default if row is None else str(row[0])
 
-    def put(self, conn: sqlite3.Connection, key: str, value: str) -> None:
+    def put(self, conn: Conn, key: str, value: str) -> None:
         conn.execute("INSERT INTO kv(key, value) VALUES (?, ?) "
                      "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
@@ -200,7 +270,7 @@ class MetaStore:
         return [self._relation(r) for r in rows]
 
     @staticmethod
-    def _relation(r: sqlite3.Row) -> RelationRow:
+    def _relation(r: Any) -> RelationRow:
         return RelationRow(r["id"], r["name"], r["kind"], json.loads(r["definition"]),
                            r["state"], r["created_epoch"], r["row_count"], r["dir"],
                            r["ready_epoch"])
@@ -210,7 +280,7 @@ class MetaStore:
         used = int(self.get("max_relation_id", "0") or 0)
         return max(int(row[0]), used) + 1
 
-    def add_relation(self, conn: sqlite3.Connection, rel: RelationRow, version: int) -> None:
+    def add_relation(self, conn: Conn, rel: RelationRow, version: int) -> None:
         conn.execute(
             "INSERT INTO relations(id, name, kind, definition, state, created_epoch, row_count,"
             " dir, ready_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -218,22 +288,21 @@ class MetaStore:
              rel.created_epoch, rel.row_count, rel.dir, rel.ready_epoch),
         )
         self.put(conn, "max_relation_id", str(rel.id))
-        conn.execute("INSERT OR REPLACE INTO relation_versions(rel_id, epoch, version) "
-                     "VALUES (?, ?, ?)", (rel.id, rel.created_epoch, version))
+        self.set_version(conn, rel.id, rel.created_epoch, version)
 
-    def drop_relation(self, conn: sqlite3.Connection, rel_id: int) -> None:
+    def drop_relation(self, conn: Conn, rel_id: int) -> None:
         for table in ("relation_versions", "dml_batches", "removed_files", "pending_dirs",
                       "sources", "source_files"):
             conn.execute(f"DELETE FROM {table} WHERE rel_id = ?", (rel_id,))
         conn.execute("DELETE FROM backfill_progress WHERE mv_id = ?", (rel_id,))
         conn.execute("DELETE FROM relations WHERE id = ?", (rel_id,))
 
-    def update_definition(self, conn: sqlite3.Connection, rel_id: int,
+    def update_definition(self, conn: Conn, rel_id: int,
                           definition: dict[str, Any]) -> None:
         conn.execute("UPDATE relations SET definition = ? WHERE id = ?",
                      (json.dumps(definition), rel_id))
 
-    def reset_relation(self, conn: sqlite3.Connection, rel_id: int, dir_: str, epoch: int,
+    def reset_relation(self, conn: Conn, rel_id: int, dir_: str, epoch: int,
                        version: int) -> None:
         """Point a relation at a new, empty Delta table (a restarted creating job)."""
         conn.execute("UPDATE relations SET dir = ?, row_count = 0 WHERE id = ?", (dir_, rel_id))
@@ -241,7 +310,7 @@ class MetaStore:
         conn.execute("INSERT INTO relation_versions(rel_id, epoch, version) VALUES (?, ?, ?)",
                      (rel_id, epoch, version))
 
-    def set_created_epoch(self, conn: sqlite3.Connection, rel_id: int, epoch: int) -> None:
+    def set_created_epoch(self, conn: Conn, rel_id: int, epoch: int) -> None:
         """Move a creating MV's start to ``epoch`` (a job that waited for its upstream
         MVs starts from their first complete epoch)."""
         conn.execute("UPDATE relations SET created_epoch = ? WHERE id = ?", (epoch, rel_id))
@@ -259,12 +328,13 @@ class MetaStore:
             "SELECT MIN(epoch) FROM relation_versions WHERE rel_id = ?", (rel_id,)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    def set_version(self, conn: sqlite3.Connection, rel_id: int, epoch: int,
+    def set_version(self, conn: Conn, rel_id: int, epoch: int,
                     version: int) -> None:
-        conn.execute("INSERT OR REPLACE INTO relation_versions(rel_id, epoch, version) "
-                     "VALUES (?, ?, ?)", (rel_id, epoch, version))
+        conn.execute("INSERT INTO relation_versions(rel_id, epoch, version) VALUES (?, ?, ?) "
+                     "ON CONFLICT(rel_id, epoch) DO UPDATE SET version = excluded.version",
+                     (rel_id, epoch, version))
 
-    def prune_versions(self, conn: sqlite3.Connection, horizon: int) -> None:
+    def prune_versions(self, conn: Conn, horizon: int) -> None:
         """Forget versions no epoch >= horizon can read."""
         conn.execute(
             "DELETE FROM relation_versions WHERE epoch < (SELECT MAX(v2.epoch) FROM "
@@ -282,7 +352,7 @@ class MetaStore:
         with self.transaction() as conn:
             self.add_dml(conn, batch)
 
-    def add_dml(self, conn: sqlite3.Connection, batch: StagedBatch) -> None:
+    def add_dml(self, conn: Conn, batch: StagedBatch) -> None:
         conn.execute("INSERT INTO dml_batches(seq, rel_id, path, rows) VALUES (?, ?, ?, ?)",
                      (batch.seq, batch.rel_id, batch.path, batch.rows))
         self.put(conn, "max_dml_seq", str(batch.seq))
@@ -296,7 +366,7 @@ class MetaStore:
 
     # --- sources --------------------------------------------------------------------------
 
-    def add_source(self, conn: sqlite3.Connection, src: SourceRow) -> None:
+    def add_source(self, conn: Conn, src: SourceRow) -> None:
         conn.execute(
             "INSERT INTO sources(rel_id, connector, options, dead_letter_id, epoch, batch, "
             "position) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -370,10 +440,12 @@ class MetaStore:
                             None if r["pos"] is None else json.loads(r["pos"]), r["rows"],
                             r["pinned_epoch"]) for r in rows]
 
-    def put_progress(self, conn: sqlite3.Connection, p: ProgressRow) -> None:
+    def put_progress(self, conn: Conn, p: ProgressRow) -> None:
         conn.execute(
-            "INSERT OR REPLACE INTO backfill_progress(mv_id, leaf, vnode, state, pos, rows, "
-            "pinned_epoch) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO backfill_progress(mv_id, leaf, vnode, state, pos, rows, pinned_epoch) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(mv_id, leaf, vnode) DO UPDATE SET "
+            "state = excluded.state, pos = excluded.pos, rows = excluded.rows, "
+            "pinned_epoch = excluded.pinned_epoch",
             (p.mv_id, p.leaf, p.vnode, p.state, None if p.pos is None else json.dumps(p.pos),
              p.rows, p.pinned_epoch))
 
@@ -405,8 +477,10 @@ class MetaStore:
                              (c.epoch, rel_id))
             conn.execute("DELETE FROM dml_batches WHERE seq <= ?", (c.applied_dml_upto,))
             conn.execute("DELETE FROM pending_epoch")
-            conn.execute("INSERT OR REPLACE INTO epochs(epoch, seconds, finished_at) "
-                         "VALUES (?, ?, ?)", (c.epoch, c.seconds, c.finished_at))
+            conn.execute("INSERT INTO epochs(epoch, seconds, finished_at) VALUES (?, ?, ?) "
+                         "ON CONFLICT(epoch) DO UPDATE SET seconds = excluded.seconds, "
+                         "finished_at = excluded.finished_at",
+                         (c.epoch, c.seconds, c.finished_at))
             self.put(conn, "committed_epoch", str(c.epoch))
 
     def recent_epochs(self, limit: int = 20) -> list[tuple[int, float, float]]:
@@ -419,8 +493,8 @@ class MetaStore:
 
     def add_pending_dir(self, rel_id: int, dir_: str) -> None:
         with self.transaction() as conn:
-            conn.execute("INSERT OR REPLACE INTO pending_dirs(dir, rel_id) VALUES (?, ?)",
-                         (dir_, rel_id))
+            conn.execute("INSERT INTO pending_dirs(dir, rel_id) VALUES (?, ?) "
+                         "ON CONFLICT(dir) DO UPDATE SET rel_id = excluded.rel_id", (dir_, rel_id))
 
     def remove_pending_dir(self, dir_: str) -> None:
         with self.transaction() as conn:
@@ -430,7 +504,7 @@ class MetaStore:
         rows = self._conn.execute("SELECT rel_id, dir FROM pending_dirs").fetchall()
         return [(int(r[0]), str(r[1])) for r in rows]
 
-    def add_removed_files(self, conn: sqlite3.Connection, rel_id: int, epoch: int,
+    def add_removed_files(self, conn: Conn, rel_id: int, epoch: int,
                           paths: list[str]) -> None:
         conn.executemany("INSERT INTO removed_files(rel_id, epoch, path) VALUES (?, ?, ?)",
                          [(rel_id, epoch, p) for p in paths])
@@ -440,5 +514,272 @@ class MetaStore:
                                   (horizon,)).fetchall()
         return [(int(r[0]), str(r[1])) for r in rows]
 
-    def forget_removed_files(self, conn: sqlite3.Connection, horizon: int) -> None:
+    def forget_removed_files(self, conn: Conn, horizon: int) -> None:
         conn.execute("DELETE FROM removed_files WHERE epoch <= ?", (horizon,))
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+
+#: the file in a warehouse that names its PostgreSQL meta store (none: SQLite, meta.sqlite)
+META_FILE = "meta.json"
+_SCHEMES = ("postgresql", "postgres")
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class PgTarget:
+    """A warehouse's PostgreSQL meta store: the URL to connect with (its password,
+    if any, is used only to connect, never shown or written) and the schema that
+    holds the warehouse's tables."""
+
+    url: str
+    schema: str
+    #: the warehouse folder, named in messages and the schema's comment
+    warehouse: str = ""
+
+    @property
+    def shown(self) -> str:
+        return redact_url(self.url)
+
+
+def redact_url(url: str) -> str:
+    """A PostgreSQL URL as sparkfill shows and records it: scheme ``postgresql``,
+    no password (in the user part or a ``password=`` parameter), parameters sorted."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hostport = netloc.rsplit("@", 1)
+        netloc = f"{userinfo.split(':', 1)[0]}@{hostport}"
+    params = sorted((k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                    if k != "password")
+    query = urlencode(params)
+    return f"postgresql://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def _meta_url(meta: str) -> str:
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", meta)
+    if m is None or m.group(1).lower() not in _SCHEMES:
+        shown = re.sub(r"(//[^/:@]*):[^/@]*@", r"\1@", meta)  # no password in the message
+        raise InvalidOption(
+            f"meta={shown!r}: a meta store is named by a postgresql://user@host:port/database "
+            "URL (postgres:// too), or meta=None for SQLite in the warehouse (meta.sqlite)")
+    return meta
+
+
+def _read_meta_file(warehouse: Path) -> dict[str, str] | None:
+    path = warehouse / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        recorded = json.loads(path.read_text())
+        meta, schema = str(recorded["meta"]), str(recorded["schema"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetaStoreError(f"{path}: not a meta store record ({exc})") from None
+    if not _SCHEMA_NAME.match(schema):
+        raise MetaStoreError(f"{path}: schema {schema!r} is not a sparkfill schema name")
+    return {"meta": meta, "schema": schema}
+
+
+def check_meta(warehouse: Path, meta: str | None) -> str | None:
+    """The PostgreSQL URL of the warehouse's meta store (``meta``), or None for SQLite
+    in the warehouse. Raises ``InvalidOption`` for another kind of URL and
+    ``MetaStoreError`` when the warehouse was created with another meta store (a
+    different URL, PostgreSQL while ``meta`` is None, or SQLite). Creates nothing."""
+    url = None if meta is None else _meta_url(meta)
+    recorded = _read_meta_file(warehouse)
+    if recorded is not None:
+        if url is None:
+            raise MetaStoreError(
+                f"warehouse {warehouse} keeps its meta store in PostgreSQL ({recorded['meta']}, "
+                f"schema {recorded['schema']}, recorded in {META_FILE}); open it with "
+                f"Engine(path, meta={recorded['meta']!r}) (and its password, if it needs one)")
+        if redact_url(url) != recorded["meta"]:
+            raise MetaStoreError(
+                f"warehouse {warehouse} keeps its meta store in {recorded['meta']} (schema "
+                f"{recorded['schema']}, recorded in {META_FILE}), not in {redact_url(url)}; "
+                f"open it with meta={recorded['meta']!r}")
+    elif url is not None and (warehouse / "meta.sqlite").exists():
+        raise MetaStoreError(
+            f"warehouse {warehouse} keeps its meta store in SQLite (meta.sqlite, the default); "
+            f"open it without meta= (its meta store does not move to {redact_url(url)})")
+    return url
+
+
+def _record_meta(warehouse: Path, url: str) -> tuple[bool, str]:
+    """The schema of the warehouse's meta store, recorded in META_FILE; a new one
+    (``sf_<folder>_<random>``) written there if there is none. Whether it existed."""
+    recorded = _read_meta_file(warehouse)
+    if recorded is None:
+        name = re.sub(r"[^a-z0-9]+", "_", warehouse.name.lower()).strip("_")[:24] or "warehouse"
+        schema = f"sf_{name}_{uuid.uuid4().hex[:16]}"
+        tmp = warehouse / f".{META_FILE}.{uuid.uuid4().hex}"
+        with open(tmp, "w") as f:
+            json.dump({"meta": redact_url(url), "schema": schema}, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:  # a link, not a rename: of two engines creating it at once, the first wins
+            os.link(tmp, warehouse / META_FILE)
+            return False, schema
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    check_meta(warehouse, url)
+    recorded = _read_meta_file(warehouse)
+    assert recorded is not None
+    return True, recorded["schema"]
+
+
+def _lock_key(schema: str) -> int:
+    """The advisory lock key of a warehouse's writer: 64 bits of a hash of its schema."""
+    import hashlib
+
+    digest = hashlib.sha256(f"sparkfill writer {schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def open_postgres(warehouse: Path, url: str,
+                  read_only: bool) -> tuple[PgTarget, AdvisoryLock | None]:
+    """The PostgreSQL meta store of the warehouse and, for a writer, its writer lock,
+    held. A writer connects first (an unreachable server creates nothing), then
+    creates the warehouse folder and its META_FILE (or reads the schema recorded
+    there), then takes the lock. A reader needs an existing warehouse."""
+    from .lock import AdvisoryLock
+
+    if read_only:
+        recorded = _read_meta_file(warehouse)
+        if recorded is None:
+            raise WarehouseReadOnly(f"{warehouse} is not a sparkfill warehouse; a read-only "
+                                    "open needs one that exists")
+        return PgTarget(url, recorded["schema"], str(warehouse)), None
+    conn = _pg_connect(url, f"sparkfill writer pid {os.getpid()}@{os.uname().nodename}")
+    try:
+        warehouse.mkdir(parents=True, exist_ok=True)
+        existed, schema = _record_meta(warehouse, url)
+        target = PgTarget(url, schema, str(warehouse))
+        lock = AdvisoryLock(conn, _lock_key(schema),
+                            f"{warehouse} (meta store {target.shown}, schema {schema})")
+        lock.acquire()
+        relations = warehouse / "relations"
+        if existed and not _schema_exists(conn, schema) and relations.is_dir() \
+                and any(relations.iterdir()):
+            lock.release()
+            raise MetaStoreError(
+                f"warehouse {warehouse} has relations but its meta store {target.shown} has "
+                f"no schema {schema} (dropped, or another database of the same URL?)")
+    except BaseException:
+        conn.close()
+        raise
+    return target, lock
+
+
+def _pg_connect(url: str, application_name: str) -> Any:
+    """A psycopg connection in autocommit mode (transactions are explicit) whose rows
+    read like sqlite3.Row; a clear MetaStoreError if the server cannot be reached."""
+    try:
+        import psycopg
+    except ImportError:
+        raise MetaStoreError(
+            f"meta={redact_url(url)!r} needs the PostgreSQL driver psycopg: "
+            "pip install 'sparkfill[postgres]'") from None
+    kwargs: dict[str, Any] = {"autocommit": True, "row_factory": _pg_row,
+                              "prepare_threshold": None,
+                              "application_name": application_name}
+    if "connect_timeout" not in url:
+        kwargs["connect_timeout"] = 10
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.Error as exc:
+        text = " ".join(str(exc).split())
+        password = urlsplit(url).password
+        if password:
+            text = text.replace(password, "***").replace(unquote(password), "***")
+        raise MetaStoreError(f"meta store {redact_url(url)}: cannot connect: {text}") from None
+
+
+def _schema_exists(conn: Any, schema: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                        (schema,)).fetchone() is not None
+
+
+def _pg_open(target: PgTarget, read_only: bool) -> Any:
+    """The meta store's own connection, its search_path the warehouse's schema; a
+    writer's creates the schema and its tables, a reader's is read-only."""
+    conn = _pg_connect(target.url, f"sparkfill {'reader' if read_only else 'meta'} "
+                                   f"pid {os.getpid()}@{os.uname().nodename}")
+    try:
+        ident = f'"{target.schema}"'  # _SCHEMA_NAME: plain lower-case letters, digits, _
+        if read_only:
+            if not _schema_exists(conn, target.schema):
+                raise WarehouseReadOnly(
+                    f"{target.warehouse}: its meta store {target.shown} has no schema "
+                    f"{target.schema} yet; a read-only open needs a warehouse that exists")
+            conn.execute("SET default_transaction_read_only = on")
+        elif not _schema_exists(conn, target.schema):
+            comment = f"sparkfill warehouse {target.warehouse}".replace("'", "''")
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {ident}")
+            conn.execute(f"COMMENT ON SCHEMA {ident} IS '{comment}'")
+        conn.execute(f"SET search_path TO {ident}")
+        if not read_only:
+            conn.execute(_pg_schema())
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@lru_cache(maxsize=1)
+def _pg_schema() -> str:
+    """_SCHEMA in PostgreSQL's types: 64-bit integers (row counts, sequence numbers
+    and keys can pass 2^31), double precision seconds."""
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", re.sub(r"\bINTEGER\b", "BIGINT", _SCHEMA))
+
+
+@lru_cache(maxsize=512)
+def _pg_sql(sql: str) -> str:
+    """A query with SQLite's ``?`` placeholders in psycopg's ``%s`` (the queries have no
+    ``?`` or ``%`` of their own in literals)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _PgRow(tuple[Any, ...]):
+    """A row read by index and by column name, like sqlite3.Row."""
+
+    _names: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._names[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+def _pg_row(cursor: Any) -> Callable[[Sequence[Any]], _PgRow]:
+    names = {c.name: i for i, c in enumerate(cursor.description or ())}
+
+    def make(values: Sequence[Any]) -> _PgRow:
+        row = _PgRow(values)
+        row._names = names
+        return row
+
+    return make
+
+
+class _PgConn:
+    """The dialect adapter: a psycopg connection that takes the meta store's queries
+    as written for SQLite (see ``Conn``)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
+        cur: Cursor = self.raw.execute(_pg_sql(sql), tuple(parameters))
+        return cur
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> Cursor:
+        cur = self.raw.cursor()
+        cur.executemany(_pg_sql(sql), [tuple(p) for p in seq_of_parameters])
+        return cur  # type: ignore[no-any-return]
