@@ -32,13 +32,13 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .catalog import Relation
 from .changelog import after_images, before_images
-from .keyrange import END, LAST_VNODE, Position, le, position_struct
-from .meta_store import ProgressRow
 from .operators import Change
-from .relation_store import BEFORE_OPS, LIVE_OPS, RelationStore
-from .schema import OP, VNODE
+from .storage.catalog import Relation
+from .storage.keyrange import END, LAST_VNODE, Position, le, position_struct
+from .storage.meta_store import ProgressRow
+from .storage.relation_store import BEFORE_OPS, LIVE_OPS, RelationStore
+from .storage.schema import OP, VNODE
 
 __all__ = [
     "NotStarted", "InProgress", "Done", "BackfillState", "state_to_row", "state_from_rows",

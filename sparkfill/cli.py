@@ -123,10 +123,10 @@ def _print_result(console: Console, statement: str, result: Any, limit: int) -> 
 def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
     """Answer a SHOW or an EXPLAIN MATERIALIZED VIEW from the meta store (read-only,
     beside any writer) without starting Spark; False for any other statement."""
-    from .catalog import Catalog
     from .frontend import ExplainExisting, Show, parse_statement
-    from .meta_store import MetaStore
-    from .metadata import SHOW_COLUMNS, explain_existing, show_rows
+    from .storage.catalog import Catalog
+    from .storage.meta_store import MetaStore
+    from .storage.metadata import SHOW_COLUMNS, explain_existing, show_rows
 
     cmd = parse_statement(args.statement)
     meta_path = args.warehouse / "meta.sqlite"

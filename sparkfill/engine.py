@@ -27,9 +27,7 @@ from pyspark.sql import functions as F
 from sqlglot import exp
 
 from .backfill import NotStarted, state_to_row
-from .catalog import Catalog, Relation, check_not_reserved
 from .coordinator import EpochCoordinator, uses_snapshot_job
-from .dml import DELETE, IDX, KIND, UPSERT, DmlStager
 from .errors import (
     DataError,
     DependentObjects,
@@ -65,18 +63,20 @@ from .frontend import (
     parse_statement,
 )
 from .join_chain import explain_chain, plan_chain
-from .lock import WriterLock
-from .meta_store import MetaStore, SourceRow
-from .metadata import explain_existing, show_rows, show_schema
 from .options import WAREHOUSE_OPTIONS, resolve_options
 from .planner import (
     LeafInfo,
 )
 from .progress import EpochReport
-from .relation_store import RelationStore
 from .session import build_spark_session
 from .sinks import SinkManager
 from .sources import SourceManager
+from .storage.catalog import Catalog, Relation, check_not_reserved
+from .storage.dml import DELETE, IDX, KIND, UPSERT, DmlStager
+from .storage.lock import WriterLock
+from .storage.meta_store import MetaStore, SourceRow
+from .storage.metadata import explain_existing, show_rows, show_schema
+from .storage.relation_store import RelationStore
 
 __all__ = ["Engine"]
 

@@ -17,7 +17,7 @@ from sqlglot import exp
 from .errors import SqlError, UnsupportedQuery
 from .options import validate_option
 from .rewrite import time_windows_to_derived
-from .schema import Column, normalize_type_name
+from .storage.schema import Column, normalize_type_name
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",

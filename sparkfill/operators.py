@@ -34,7 +34,6 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .catalog import Relation
 from .changelog import (
     AFTER,
     BEFORE,
@@ -45,7 +44,6 @@ from .changelog import (
     image_sql,
     union_all,
 )
-from .keyrange import values_in
 from .planner import (
     GROUP_KEY,
     GROUP_OF_ROW,
@@ -56,8 +54,10 @@ from .planner import (
     MvPlan,
     running_count_column,
 )
-from .relation_store import BEFORE_OPS, LIVE_OPS, Appended, RelationStore
-from .schema import OP, quoted, vnode_expr
+from .storage.catalog import Relation
+from .storage.keyrange import values_in
+from .storage.relation_store import BEFORE_OPS, LIVE_OPS, Appended, RelationStore
+from .storage.schema import OP, quoted, vnode_expr
 
 __all__ = ["Change", "change_of", "DataflowResult", "Emit", "MvDataflow"]
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from sqlglot import exp
 
-from .catalog import check_not_reserved
 from .errors import (
     CatalogError,
     RelationExists,
@@ -41,6 +40,7 @@ from .join_chain import plan_chain
 from .options import resolve_options
 from .pipeline import Statement
 from .planner import LeafInfo
+from .storage.catalog import check_not_reserved
 
 __all__ = ["check_pipeline"]
 

@@ -23,14 +23,14 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .catalog import Catalog, Relation
 from .changelog import span_change
-from .meta_store import MetaStore, ProgressRow
 from .operators import Change, DataflowResult, Emit, MvDataflow
 from .progress import JobProgress
-from .relation_store import RelationStore
 from .session import default_parallelism_of
 from .snapshot_backfill import JobControl, SnapshotJob, chunk_plan, job_status, leaf_span
+from .storage.catalog import Catalog, Relation
+from .storage.meta_store import MetaStore, ProgressRow
+from .storage.relation_store import RelationStore
 
 __all__ = ["SnapshotJobs", "SnapshotStep", "CATCH_UP_EPOCHS"]
 

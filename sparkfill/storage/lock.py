@@ -11,7 +11,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import WarehouseLocked
+from ..errors import WarehouseLocked
 
 __all__ = ["WriterLock"]
 
