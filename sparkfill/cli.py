@@ -123,7 +123,7 @@ def _print_result(console: Console, statement: str, result: Any, limit: int) -> 
 def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
     """Answer a SHOW or an EXPLAIN MATERIALIZED VIEW from the meta store (read-only,
     beside any writer) without starting Spark; False for any other statement."""
-    from .frontend import ExplainExisting, Show, parse_statement
+    from .sql.frontend import ExplainExisting, Show, parse_statement
     from .storage.catalog import Catalog
     from .storage.meta_store import MetaStore
     from .storage.metadata import SHOW_COLUMNS, explain_existing, show_rows
@@ -176,7 +176,7 @@ def _creating_upstreams(eng: Any, command: Any) -> list[str]:
     CREATE MATERIALIZED VIEW, the MV a VERIFY checks, the relations a query reads."""
     from sqlglot import exp
 
-    from .frontend import CreateMaterializedView, Query, Verify
+    from .sql.frontend import CreateMaterializedView, Query, Verify
 
     if isinstance(command, CreateMaterializedView):
         names = [t.name for t in command.query.find_all(exp.Table)]

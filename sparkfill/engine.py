@@ -43,7 +43,12 @@ from .errors import (
     UnsupportedQuery,
     WarehouseReadOnly,
 )
-from .frontend import (
+from .options import WAREHOUSE_OPTIONS, resolve_options
+from .progress import EpochReport
+from .session import build_spark_session
+from .sinks import SinkManager
+from .sources import SourceManager
+from .sql.frontend import (
     AlterMaterializedView,
     CancelJobs,
     CreateMaterializedView,
@@ -62,15 +67,10 @@ from .frontend import (
     Verify,
     parse_statement,
 )
-from .join_chain import explain_chain, plan_chain
-from .options import WAREHOUSE_OPTIONS, resolve_options
-from .planner import (
+from .sql.links import explain_chain, plan_chain
+from .sql.planner import (
     LeafInfo,
 )
-from .progress import EpochReport
-from .session import build_spark_session
-from .sinks import SinkManager
-from .sources import SourceManager
 from .storage.catalog import Catalog, Relation, check_not_reserved
 from .storage.dml import DELETE, IDX, KIND, UPSERT, DmlStager
 from .storage.lock import WriterLock

@@ -44,7 +44,7 @@ from .changelog import (
     image_sql,
     union_all,
 )
-from .planner import (
+from .sql.planner import (
     GROUP_KEY,
     GROUP_OF_ROW,
     GROUP_ROWS,

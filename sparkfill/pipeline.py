@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import SqlError
-from .frontend import Command, parse_statement
+from .sql.frontend import Command, parse_statement
 
 __all__ = ["Statement", "split_statements", "parse_pipeline"]
 

@@ -22,7 +22,9 @@ from .errors import (
     SqlError,
     UnknownRelation,
 )
-from .frontend import (
+from .options import resolve_options
+from .pipeline import Statement
+from .sql.frontend import (
     CreateMaterializedView,
     CreateSink,
     CreateTable,
@@ -36,10 +38,8 @@ from .frontend import (
     Update,
     Verify,
 )
-from .join_chain import plan_chain
-from .options import resolve_options
-from .pipeline import Statement
-from .planner import LeafInfo
+from .sql.links import plan_chain
+from .sql.planner import LeafInfo
 from .storage.catalog import check_not_reserved
 
 __all__ = ["check_pipeline"]

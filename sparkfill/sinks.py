@@ -38,8 +38,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from .errors import CatalogError, DependentObjects, InvalidOption, SinkError, UnknownRelation
-from .frontend import CreateSink, DropSink
 from .sources.base import opt_int, resolve_path
+from .sql.frontend import CreateSink, DropSink
 from .storage.catalog import Catalog, Relation
 from .storage.meta_store import MetaStore, SinkRow
 from .storage.relation_store import RelationStore

@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 
 from .changelog import union_all
 from .operators import MvDataflow
-from .planner import JOIN_KEY, WINDOW_PART
+from .sql.planner import JOIN_KEY, WINDOW_PART
 from .storage.catalog import Relation
 from .storage.relation_store import DataFile, RelationStore
 from .storage.schema import VNODE, VNODE_COUNT, user_struct, vnode_expr

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import SqlError, UnknownRelation
 from ..options import BackfillOptions
-from ..planner import MvPlan
+from ..sql.planner import MvPlan
 from .meta_store import MetaStore, RelationRow
 from .relation_store import StoredRelation
 from .schema import Column

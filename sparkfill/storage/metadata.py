@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SqlError
-from ..planner import explain_plan
 from ..sinks import synced_epoch
+from ..sql.planner import explain_plan
 from .catalog import Catalog
 from .meta_store import MetaStore
 

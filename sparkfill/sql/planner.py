@@ -39,10 +39,10 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from .errors import SqlError, UnknownRelation, UnsupportedQuery
+from ..errors import SqlError, UnknownRelation, UnsupportedQuery
+from ..storage.schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 from .rewrite import rewrite_query
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star
-from .storage.schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 
 __all__ = [
     "Leaf", "JoinSpec", "AggSpec", "StateDef", "MvPlan", "PlannedMv", "LeafInfo",
