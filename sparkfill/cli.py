@@ -206,7 +206,7 @@ def _ran(eng: Any, resume_key: str, index: int) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
-    from .pipeline import parse_pipeline
+    from .pipelines.pipeline import parse_pipeline
 
     path: Path = args.pipeline
     if not path.is_file():
@@ -218,8 +218,8 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 1
     from .engine import Engine
-    from .live import EpochLoop, stop_on_signals
-    from .pipeline_check import check_pipeline
+    from .pipelines.live import EpochLoop, stop_on_signals
+    from .pipelines.pipeline_check import check_pipeline
 
     stop = threading.Event()
     text = path.read_text()

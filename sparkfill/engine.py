@@ -27,7 +27,6 @@ from pyspark.sql import functions as F
 from sqlglot import exp
 
 from .backfill import NotStarted, state_to_row
-from .coordinator import EpochCoordinator, uses_snapshot_job
 from .errors import (
     DataError,
     DependentObjects,
@@ -44,6 +43,7 @@ from .errors import (
     WarehouseReadOnly,
 )
 from .options import WAREHOUSE_OPTIONS, resolve_options
+from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
 from .progress import EpochReport
 from .session import build_spark_session
 from .sinks import SinkManager

@@ -15,16 +15,15 @@ from typing import Any
 
 from sqlglot import exp
 
-from .errors import (
+from ..errors import (
     CatalogError,
     RelationExists,
     SparkfillError,
     SqlError,
     UnknownRelation,
 )
-from .options import resolve_options
-from .pipeline import Statement
-from .sql.frontend import (
+from ..options import resolve_options
+from ..sql.frontend import (
     CreateMaterializedView,
     CreateSink,
     CreateTable,
@@ -38,9 +37,10 @@ from .sql.frontend import (
     Update,
     Verify,
 )
-from .sql.links import plan_chain
-from .sql.planner import LeafInfo
-from .storage.catalog import check_not_reserved
+from ..sql.links import plan_chain
+from ..sql.planner import LeafInfo
+from ..storage.catalog import check_not_reserved
+from .pipeline import Statement
 
 __all__ = ["check_pipeline"]
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .arrangement import ArrangementScan, VnodeProgress
-from .backfill import (
+from ..arrangement import ArrangementScan, VnodeProgress
+from ..backfill import (
     BackfillScan,
     Done,
     InProgress,
@@ -44,15 +44,15 @@ from .backfill import (
     state_from_rows,
     state_to_row,
 )
-from .operators import DataflowResult, Emit, MvDataflow, change_of
-from .progress import EpochReport, JobProgress
-from .session import default_parallelism_of
-from .snapshot_jobs import SnapshotJobs
-from .storage.catalog import Catalog, Relation
-from .storage.dml import DmlStager, table_delta
-from .storage.keyrange import END
-from .storage.meta_store import EpochCommit, MetaStore, ProgressRow
-from .storage.relation_store import Appended, RelationStore
+from ..operators import DataflowResult, Emit, MvDataflow, change_of
+from ..progress import EpochReport, JobProgress
+from ..session import default_parallelism_of
+from ..snapshot_jobs import SnapshotJobs
+from ..storage.catalog import Catalog, Relation
+from ..storage.dml import DmlStager, table_delta
+from ..storage.keyrange import END
+from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
+from ..storage.relation_store import Appended, RelationStore
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
