@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from .backfill import NotStarted, state_to_row
+from .backfill.state import NotStarted, state_to_row
 from .errors import (
     DataError,
     DependentObjects,

@@ -34,9 +34,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from ..arrangement import ArrangementScan, VnodeProgress
-from ..backfill import (
-    BackfillScan,
+from ..backfill.arrangement import ArrangementScan, VnodeProgress
+from ..backfill.scan import BackfillScan
+from ..backfill.snapshot_jobs import SnapshotJobs
+from ..backfill.state import (
     Done,
     InProgress,
     NotStarted,
@@ -47,7 +48,6 @@ from ..backfill import (
 from ..operators import DataflowResult, Emit, MvDataflow, change_of
 from ..progress import EpochReport, JobProgress
 from ..session import default_parallelism_of
-from ..snapshot_jobs import SnapshotJobs
 from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
