@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from sparkfill.changelog import consolidate
+from sparkfill.dataflow.changelog import consolidate
 from sparkfill.storage.keyrange import END, Position, gt, le
 from sparkfill.storage.meta_store import EpochCommit, MetaStore
 from sparkfill.storage.relation_store import RelationStore, StoredRelation

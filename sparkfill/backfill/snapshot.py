@@ -38,8 +38,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from ..changelog import union_all
-from ..operators import MvDataflow
+from ..dataflow.changelog import union_all
+from ..dataflow.mv import MvDataflow
 from ..sql.planner import JOIN_KEY, WINDOW_PART
 from ..storage.catalog import Relation
 from ..storage.relation_store import DataFile, RelationStore

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from ..changelog import span_change
-from ..operators import Change, DataflowResult, Emit, MvDataflow
+from ..dataflow.changelog import span_change
+from ..dataflow.mv import Change, DataflowResult, Emit, MvDataflow
 from ..progress import JobProgress
 from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation

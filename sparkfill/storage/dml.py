@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..changelog import consolidate, touched_vnodes
+from ..dataflow.changelog import consolidate, touched_vnodes
 from ..errors import DataError, UnknownColumn
 from .catalog import Relation
 from .keyrange import values_in

@@ -34,6 +34,20 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..sql.planner import (
+    GROUP_KEY,
+    GROUP_OF_ROW,
+    GROUP_ROWS,
+    JOIN_KEY,
+    WINDOW_PART,
+    AggSpec,
+    MvPlan,
+    running_count_column,
+)
+from ..storage.catalog import Relation
+from ..storage.keyrange import values_in
+from ..storage.relation_store import BEFORE_OPS, LIVE_OPS, Appended, RelationStore
+from ..storage.schema import OP, quoted, vnode_expr
 from .changelog import (
     AFTER,
     BEFORE,
@@ -44,20 +58,6 @@ from .changelog import (
     image_sql,
     union_all,
 )
-from .sql.planner import (
-    GROUP_KEY,
-    GROUP_OF_ROW,
-    GROUP_ROWS,
-    JOIN_KEY,
-    WINDOW_PART,
-    AggSpec,
-    MvPlan,
-    running_count_column,
-)
-from .storage.catalog import Relation
-from .storage.keyrange import values_in
-from .storage.relation_store import BEFORE_OPS, LIVE_OPS, Appended, RelationStore
-from .storage.schema import OP, quoted, vnode_expr
 
 __all__ = ["Change", "change_of", "DataflowResult", "Emit", "MvDataflow"]
 

@@ -1,0 +1,2 @@
+"""Dataflow: an MV's operators over one epoch's changes (``mv``) and consolidated
+changelogs (``changelog``)."""
