@@ -21,7 +21,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from ..dataflow.mv import Change
+from ..dataflow.change import Change
 from ..storage.catalog import Relation
 from ..storage.keyrange import Position, covered, position_struct
 from ..storage.meta_store import ProgressRow

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ..dataflow.change import Change, Emit
 from ..dataflow.changelog import span_change
-from ..dataflow.mv import Change, DataflowResult, Emit, MvDataflow
+from ..dataflow.mv import DataflowResult, MvDataflow
 from ..progress import JobProgress
 from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation

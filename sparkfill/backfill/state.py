@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 
+from ..dataflow.change import Change
 from ..dataflow.changelog import after_images, before_images
-from ..dataflow.mv import Change
 from ..storage.catalog import Relation
 from ..storage.keyrange import Position
 from ..storage.meta_store import ProgressRow

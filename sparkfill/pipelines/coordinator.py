@@ -45,7 +45,8 @@ from ..backfill.state import (
     state_from_rows,
     state_to_row,
 )
-from ..dataflow.mv import DataflowResult, Emit, MvDataflow, change_of
+from ..dataflow.change import Emit, change_of
+from ..dataflow.mv import DataflowResult, MvDataflow
 from ..progress import EpochReport, JobProgress
 from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation
