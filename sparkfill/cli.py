@@ -127,10 +127,10 @@ def _print_result(console: Console, statement: str, result: Any, limit: int) -> 
 def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
     """Answer a SHOW or an EXPLAIN MATERIALIZED VIEW from the meta store (read-only,
     beside any writer) without starting Spark; False for any other statement."""
-    from .catalog import Catalog
-    from .frontend import ExplainExisting, Show, parse_statement
-    from .meta_store import MetaStore
-    from .metadata import SHOW_COLUMNS, explain_existing, show_rows
+    from .sql.frontend import ExplainExisting, Show, parse_statement
+    from .storage.catalog import Catalog
+    from .storage.meta_store import MetaStore
+    from .storage.metadata import SHOW_COLUMNS, explain_existing, show_rows
 
     cmd = parse_statement(args.statement)
     meta_path = args.warehouse / "meta.sqlite"
@@ -180,7 +180,7 @@ def _creating_upstreams(eng: Any, command: Any) -> list[str]:
     CREATE MATERIALIZED VIEW, the MV a VERIFY checks, the relations a query reads."""
     from sqlglot import exp
 
-    from .frontend import CreateMaterializedView, Query, Verify
+    from .sql.frontend import CreateMaterializedView, Query, Verify
 
     if isinstance(command, CreateMaterializedView):
         names = [t.name for t in command.query.find_all(exp.Table)]
@@ -210,7 +210,7 @@ def _ran(eng: Any, resume_key: str, index: int) -> None:
 
 
 def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
-    from .pipeline import parse_pipeline
+    from .pipelines.pipeline import parse_pipeline
 
     path: Path = args.pipeline
     if not path.is_file():
@@ -222,8 +222,8 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 1
     from .engine import Engine
-    from .live import EpochLoop, stop_on_signals
-    from .pipeline_check import check_pipeline
+    from .pipelines.live import EpochLoop, stop_on_signals
+    from .pipelines.pipeline_check import check_pipeline
 
     stop = threading.Event()
     text = path.read_text()

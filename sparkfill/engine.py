@@ -26,10 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from .backfill import NotStarted, state_to_row
-from .catalog import Catalog, Relation, check_not_reserved
-from .coordinator import EpochCoordinator, uses_snapshot_job
-from .dml import DELETE, IDX, KIND, UPSERT, DmlStager
+from .backfill.state import NotStarted, state_to_row
 from .errors import (
     DataError,
     DependentObjects,
@@ -45,7 +42,13 @@ from .errors import (
     UnsupportedQuery,
     WarehouseReadOnly,
 )
-from .frontend import (
+from .options import WAREHOUSE_OPTIONS, resolve_options
+from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
+from .progress import EpochReport
+from .session import build_spark_session
+from .sinks import SinkManager
+from .sources import SourceManager
+from .sql.frontend import (
     AlterMaterializedView,
     CancelJobs,
     CreateMaterializedView,
@@ -64,19 +67,16 @@ from .frontend import (
     Verify,
     parse_statement,
 )
-from .join_chain import explain_chain, plan_chain
-from .lock import AdvisoryLock, WriterLock
-from .meta_store import MetaStore, PgTarget, SourceRow, check_meta, open_postgres
-from .metadata import explain_existing, show_rows, show_schema
-from .options import WAREHOUSE_OPTIONS, resolve_options
-from .planner import (
+from .sql.links import explain_chain, plan_chain
+from .sql.planner import (
     LeafInfo,
 )
-from .progress import EpochReport
-from .relation_store import RelationStore
-from .session import build_spark_session
-from .sinks import SinkManager
-from .sources import SourceManager
+from .storage.catalog import Catalog, Relation, check_not_reserved
+from .storage.dml import DELETE, IDX, KIND, UPSERT, DmlStager
+from .storage.lock import AdvisoryLock, WriterLock
+from .storage.meta_store import MetaStore, PgTarget, SourceRow, check_meta, open_postgres
+from .storage.metadata import explain_existing, show_rows, show_schema
+from .storage.relation_store import RelationStore
 
 __all__ = ["Engine"]
 

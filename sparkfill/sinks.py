@@ -37,13 +37,13 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from .catalog import Catalog, Relation
 from .errors import CatalogError, DependentObjects, InvalidOption, SinkError, UnknownRelation
-from .frontend import CreateSink, DropSink
-from .meta_store import MetaStore, SinkRow
-from .relation_store import RelationStore
-from .schema import VNODE, VNODE_COUNT, arrow_type
 from .sources.base import opt_int, resolve_path
+from .sql.frontend import CreateSink, DropSink
+from .storage.catalog import Catalog, Relation
+from .storage.meta_store import MetaStore, SinkRow
+from .storage.relation_store import RelationStore
+from .storage.schema import VNODE, VNODE_COUNT, arrow_type
 
 __all__ = ["SinkManager", "APP_PREFIX", "synced_epoch"]
 

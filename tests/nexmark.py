@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlglot
 
-from sparkfill.rewrite import time_windows_to_derived
+from sparkfill.sql.rewrite import time_windows_to_derived
 
 #: the three generated streams (10 events per epoch and table unless changed) and
 #: the bounded side input of q13

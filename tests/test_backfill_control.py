@@ -13,7 +13,8 @@ import time
 
 from helpers import check_mv, mv_sql
 
-from sparkfill import Engine, coordinator
+from sparkfill import Engine
+from sparkfill.pipelines import coordinator
 
 KV = "CREATE TABLE kv (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))"
 TEMPLATE = "SELECT id, g, v * 2 AS w FROM {src} WHERE v % 3 <> 0"

@@ -93,7 +93,7 @@ def pg_url():
 
 @pytest.fixture
 def pg_meta(pg_url, tmp_path):
-    from sparkfill.meta_store import MetaStore, open_postgres
+    from sparkfill.storage.meta_store import MetaStore, open_postgres
 
     target, lock = open_postgres(tmp_path / "wh", pg_url, read_only=False)
     meta = MetaStore(target)
@@ -106,7 +106,7 @@ def pg_meta(pg_url, tmp_path):
 
 
 def test_meta_store_round_trip(pg_meta):
-    from sparkfill.meta_store import (
+    from sparkfill.storage.meta_store import (
         EpochCommit,
         ProgressRow,
         RelationRow,
@@ -213,7 +213,7 @@ def test_meta_store_round_trip(pg_meta):
 
 
 def test_warehouses_share_a_database_in_schemas_of_their_own(pg_url, tmp_path):
-    from sparkfill.meta_store import MetaStore, open_postgres
+    from sparkfill.storage.meta_store import MetaStore, open_postgres
 
     opened = []
     for name in ("a", "b"):

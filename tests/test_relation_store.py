@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from sparkfill.changelog import consolidate
-from sparkfill.keyrange import END, Position, gt, le
-from sparkfill.meta_store import EpochCommit, MetaStore
-from sparkfill.relation_store import RelationStore, StoredRelation
-from sparkfill.schema import OP, VNODE, Column, vnode_expr
+from sparkfill.dataflow.changelog import consolidate
+from sparkfill.storage.keyrange import END, Position, gt, le
+from sparkfill.storage.meta_store import EpochCommit, MetaStore
+from sparkfill.storage.relation_store import RelationStore, StoredRelation
+from sparkfill.storage.schema import OP, VNODE, Column, vnode_expr
 
 COLUMNS = (Column("id", "bigint", False), Column("v", "string", True))
 KEY = ("id",)
@@ -63,7 +63,7 @@ def test_snapshot_merges_log_latest_change_wins_and_time_travels(store, spark):
 
 
 def test_delta_checkpoints_keep_every_version_readable(store, spark, tmp_path, monkeypatch):
-    import sparkfill.relation_store as relation_store
+    import sparkfill.storage.relation_store as relation_store
 
     monkeypatch.setattr(relation_store, "CHECKPOINT_EVERY", 2)
     st_, meta, rel = store

@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 from sqlglot import exp
 
 from sparkfill.errors import UnsupportedQuery
-from sparkfill.rewrite import rewrite_query, time_windows_to_derived
+from sparkfill.sql.rewrite import rewrite_query, time_windows_to_derived
 
 COLUMNS = {"orders": ["o_orderkey", "o_custkey"], "lineitem": ["l_orderkey", "l_qty"],
            "t": ["id", "k", "v"], "d": ["k", "name"]}

@@ -20,7 +20,7 @@ from helpers import subprocess_env
 from test_incremental_sql import check, dim_dml, start_workload
 from workload import Workload
 
-import sparkfill.snapshot_jobs as snapshot_jobs
+import sparkfill.backfill.snapshot_jobs as snapshot_jobs
 from sparkfill import Engine, MaterializedViewNotReady
 from sparkfill.options import resolve_options
 
@@ -162,7 +162,7 @@ def test_cancel_in_each_phase_removes_job_and_keeps_upstream(engine, spark, ware
 DRIVER = r"""
 import random, sys
 sys.path.insert(0, sys.argv[2])
-import sparkfill.snapshot_jobs as snapshot_jobs
+import sparkfill.backfill.snapshot_jobs as snapshot_jobs
 snapshot_jobs.CATCH_UP_EPOCHS = 2
 from sparkfill import Engine
 from test_incremental_sql import DIM_SQL

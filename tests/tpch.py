@@ -239,7 +239,7 @@ def frame(spark: Any, data: Path, table: str) -> Any:
     """A generated table as a Spark DataFrame with the schema of ``DDL``."""
     from pyspark.sql import functions as F
 
-    from sparkfill.frontend import parse_statement
+    from sparkfill.sql.frontend import parse_statement
 
     df = spark.read.parquet(str(data / f"{table}.parquet"))
     create = parse_statement(DDL[table])

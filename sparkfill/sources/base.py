@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from pyspark.sql import DataFrame, SparkSession
 
 from ..errors import InvalidOption
-from ..schema import Column
+from ..storage.schema import Column
 
 __all__ = ["Connector", "BatchContext", "SourceBatch", "TableShape", "resolve_path",
            "opt_int", "opt_float", "opt_str", "check_known"]

@@ -35,9 +35,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..dml import DELETE, IDX, KIND, UPSERT
 from ..errors import SourceError
-from ..schema import Column, spark_type
+from ..storage.dml import DELETE, IDX, KIND, UPSERT
+from ..storage.schema import Column, spark_type
 from .base import (
     BatchContext,
     Connector,

@@ -30,9 +30,9 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..dml import DELETE, IDX, KIND, UPSERT
 from ..errors import InvalidOption
-from ..schema import spark_type
+from ..storage.dml import DELETE, IDX, KIND, UPSERT
+from ..storage.schema import spark_type
 from . import nexmark
 from .base import (
     BatchContext,

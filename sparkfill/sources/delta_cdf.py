@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder
 
-from ..dml import IDX, KIND
 from ..errors import SourceError
-from ..schema import arrow_type
+from ..storage.dml import IDX, KIND
+from ..storage.schema import arrow_type
 from .base import (
     BatchContext,
     Connector,

@@ -24,11 +24,11 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..catalog import Catalog, Relation
-from ..dml import IDX, KIND, SEQ, UPSERT
 from ..errors import InvalidOption, SourceError, SparkfillError, SqlError
-from ..meta_store import MetaStore, SourceRow, StagedBatch
-from ..schema import Column, spark_type
+from ..storage.catalog import Catalog, Relation
+from ..storage.dml import IDX, KIND, SEQ, UPSERT
+from ..storage.meta_store import MetaStore, SourceRow, StagedBatch
+from ..storage.schema import Column, spark_type
 from .base import BatchContext, Connector, SourceBatch, TableShape
 from .cdc_files import DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, CdcFilesConnector
 from .datagen import DatagenConnector

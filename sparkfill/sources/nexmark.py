@@ -17,7 +17,7 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
 
 from ..errors import InvalidOption
-from ..schema import Column
+from ..storage.schema import Column
 
 __all__ = ["STREAMS", "ID_BASE", "stream_rows", "columns", "check_columns"]
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from .errors import InvalidOption, MetaStoreError, WarehouseReadOnly
+from ..errors import InvalidOption, MetaStoreError, WarehouseReadOnly
 
 if TYPE_CHECKING:
     from .lock import AdvisoryLock

@@ -15,15 +15,15 @@ from typing import Any
 
 from sqlglot import exp
 
-from .catalog import check_not_reserved
-from .errors import (
+from ..errors import (
     CatalogError,
     RelationExists,
     SparkfillError,
     SqlError,
     UnknownRelation,
 )
-from .frontend import (
+from ..options import resolve_options
+from ..sql.frontend import (
     CreateMaterializedView,
     CreateSink,
     CreateTable,
@@ -37,10 +37,10 @@ from .frontend import (
     Update,
     Verify,
 )
-from .join_chain import plan_chain
-from .options import resolve_options
+from ..sql.links import plan_chain
+from ..sql.planner import LeafInfo
+from ..storage.catalog import check_not_reserved
 from .pipeline import Statement
-from .planner import LeafInfo
 
 __all__ = ["check_pipeline"]
 

@@ -38,12 +38,12 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from .catalog import Relation
-from .changelog import union_all
-from .operators import MvDataflow
-from .planner import JOIN_KEY, WINDOW_PART
-from .relation_store import DataFile, RelationStore
-from .schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
+from ..dataflow.changelog import union_all
+from ..dataflow.mv import MvDataflow
+from ..sql.planner import JOIN_KEY, WINDOW_PART
+from ..storage.catalog import Relation
+from ..storage.relation_store import DataFile, RelationStore
+from ..storage.schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
 
 __all__ = ["JobControl", "SnapshotJob", "chunk_plan", "job_status", "leaf_span"]
 

@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .progress import EpochReport, JobProgress
+from ..progress import EpochReport, JobProgress
 
 __all__ = ["EpochLoop", "stop_on_signals"]
 

@@ -46,7 +46,7 @@ from sqlglot import exp
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
-from .errors import UnsupportedQuery
+from ..errors import UnsupportedQuery
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 from .subqueries import decorrelate
 

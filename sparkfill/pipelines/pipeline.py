@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import SqlError
-from .frontend import Command, parse_statement
+from ..errors import SqlError
+from ..sql.frontend import Command, parse_statement
 
 __all__ = ["Statement", "split_statements", "parse_pipeline"]
 

@@ -23,14 +23,15 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .catalog import Catalog, Relation
-from .changelog import span_change
-from .meta_store import MetaStore, ProgressRow
-from .operators import Change, DataflowResult, Emit, MvDataflow
-from .progress import JobProgress
-from .relation_store import RelationStore
-from .session import default_parallelism_of
-from .snapshot_backfill import JobControl, SnapshotJob, chunk_plan, job_status, leaf_span
+from ..dataflow.change import Change, Emit
+from ..dataflow.changelog import span_change
+from ..dataflow.mv import DataflowResult, MvDataflow
+from ..progress import JobProgress
+from ..session import default_parallelism_of
+from ..storage.catalog import Catalog, Relation
+from ..storage.meta_store import MetaStore, ProgressRow
+from ..storage.relation_store import RelationStore
+from .snapshot import JobControl, SnapshotJob, chunk_plan, job_status, leaf_span
 
 __all__ = ["SnapshotJobs", "SnapshotStep", "CATCH_UP_EPOCHS"]
 

@@ -39,9 +39,9 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from .errors import SqlError, UnknownRelation, UnsupportedQuery
+from ..errors import SqlError, UnknownRelation, UnsupportedQuery
+from ..storage.schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 from .rewrite import rewrite_query
-from .schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star
 
 __all__ = [

@@ -24,9 +24,9 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..dataflow.changelog import consolidate, touched_vnodes
+from ..errors import DataError, UnknownColumn
 from .catalog import Relation
-from .changelog import consolidate, touched_vnodes
-from .errors import DataError, UnknownColumn
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, RelationStore

@@ -34,9 +34,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .arrangement import ArrangementScan, VnodeProgress
-from .backfill import (
-    BackfillScan,
+from ..backfill.arrangement import ArrangementScan, VnodeProgress
+from ..backfill.scan import BackfillScan
+from ..backfill.snapshot_jobs import SnapshotJobs
+from ..backfill.state import (
     Done,
     InProgress,
     NotStarted,
@@ -44,15 +45,15 @@ from .backfill import (
     state_from_rows,
     state_to_row,
 )
-from .catalog import Catalog, Relation
-from .dml import DmlStager, table_delta
-from .keyrange import END
-from .meta_store import EpochCommit, MetaStore, ProgressRow
-from .operators import DataflowResult, Emit, MvDataflow, change_of
-from .progress import EpochReport, JobProgress
-from .relation_store import Appended, RelationStore
-from .session import default_parallelism_of
-from .snapshot_jobs import SnapshotJobs
+from ..dataflow.change import Emit, change_of
+from ..dataflow.mv import DataflowResult, MvDataflow
+from ..progress import EpochReport, JobProgress
+from ..session import default_parallelism_of
+from ..storage.catalog import Catalog, Relation
+from ..storage.dml import DmlStager, table_delta
+from ..storage.keyrange import END
+from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
+from ..storage.relation_store import Appended, RelationStore
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import SqlError
+from ..sinks import synced_epoch
+from ..sql.planner import explain_plan
 from .catalog import Catalog
-from .errors import SqlError
 from .meta_store import MetaStore
-from .planner import explain_plan
-from .sinks import synced_epoch
 
 __all__ = ["SHOW_COLUMNS", "show_rows", "show_schema", "explain_existing"]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pyspark.sql import SparkSession
 from sqlglot import exp
 
-from .errors import UnsupportedQuery
+from ..errors import UnsupportedQuery
 from .planner import (
     LeafInfo,
     PlannedMv,

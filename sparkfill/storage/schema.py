@@ -21,7 +21,7 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .errors import SqlError
+from ..errors import SqlError
 
 __all__ = [
     "Column",

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import WarehouseLocked
+from ..errors import WarehouseLocked
 
 __all__ = ["WriterLock", "AdvisoryLock"]
 

@@ -21,13 +21,13 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .backfill import BackfillState, Done, InProgress, NotStarted, leaf_change
-from .catalog import Relation
-from .keyrange import Position, covered, position_struct
-from .meta_store import ProgressRow
-from .operators import Change
-from .relation_store import RelationStore
-from .schema import VNODE, VNODE_COUNT
+from ..dataflow.change import Change
+from ..storage.catalog import Relation
+from ..storage.keyrange import Position, covered, position_struct
+from ..storage.meta_store import ProgressRow
+from ..storage.relation_store import RelationStore
+from ..storage.schema import VNODE, VNODE_COUNT
+from .state import BackfillState, Done, InProgress, NotStarted, leaf_change
 
 __all__ = ["VnodeProgress", "ArrangementScan", "ArrangementResult"]
 

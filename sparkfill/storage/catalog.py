@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import SqlError, UnknownRelation
+from ..errors import SqlError, UnknownRelation
+from ..options import BackfillOptions
+from ..sql.planner import MvPlan
 from .meta_store import MetaStore, RelationRow
-from .options import BackfillOptions
-from .planner import MvPlan
 from .relation_store import StoredRelation
 from .schema import Column
 

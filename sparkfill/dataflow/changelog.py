@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from .relation_store import BEFORE_OPS, LIVE_OPS
-from .schema import EPOCH, OP, VNODE, quoted, vnode_sql
+from ..storage.relation_store import BEFORE_OPS, LIVE_OPS
+from ..storage.schema import EPOCH, OP, VNODE, quoted, vnode_sql
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
            "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes",

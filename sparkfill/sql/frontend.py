@@ -14,10 +14,10 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
-from .errors import SqlError, UnsupportedQuery
-from .options import validate_option
+from ..errors import SqlError, UnsupportedQuery
+from ..options import validate_option
+from ..storage.schema import Column, normalize_type_name
 from .rewrite import time_windows_to_derived
-from .schema import Column, normalize_type_name
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",

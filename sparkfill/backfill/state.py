@@ -1,0 +1,126 @@
+"""Backfill: turning an upstream's snapshot plus its live changes into the
+changelog of a creating materialized view — the state and the rule every
+strategy shares.
+
+Invariant (all strategies): after epoch ``e`` commits, with ``R(e)`` the key
+range backfilled so far, ``MV(e) = Q(U(e) ∩ R(e))``; once the job is done,
+``MV(e) = Q(U(e))``. Per epoch, for position ``pos`` (end of what is done):
+
+1. read the next chunk of ``snapshot(e-1)`` above ``pos``: rows in ``(pos, pos']``;
+2. emit them as inserts;
+3. forward ``Δ_e(U)`` rows with key ``<= pos'``; drop the rest (a later snapshot
+   holds them);
+4. commit ``pos'`` with the epoch; a chunk that ran out before its limit at the
+   last vnode means ``pos' = END``: the job is done.
+
+Progress is explicit state — ``NotStarted``, ``InProgress(pos, rows)``,
+``Done(rows)`` — persisted with the epoch. ``leaf_change`` is steps 2 and 3 (the
+leaf's change for the epoch), ``ScanResult`` what a strategy's epoch returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame
+
+from ..dataflow.change import Change
+from ..dataflow.changelog import after_images, before_images
+from ..storage.catalog import Relation
+from ..storage.keyrange import Position
+from ..storage.meta_store import ProgressRow
+
+__all__ = [
+    "NotStarted", "InProgress", "Done", "BackfillState", "state_to_row", "state_from_rows",
+    "rows_done", "leaf_change", "ScanResult",
+]
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    pass
+
+
+@dataclass(frozen=True)
+class InProgress:
+    pos: Position
+    rows: int
+
+
+@dataclass(frozen=True)
+class Done:
+    rows: int
+
+
+BackfillState = NotStarted | InProgress | Done
+
+#: the whole key order has one position, stored under this vnode number
+WHOLE_ORDER = -1
+
+
+def state_to_row(mv_id: int, state: BackfillState, pinned_epoch: int | None,
+                 leaf: int = 0) -> ProgressRow:
+    if isinstance(state, NotStarted):
+        return ProgressRow(mv_id, leaf, WHOLE_ORDER, "not_started", None, 0, pinned_epoch)
+    if isinstance(state, InProgress):
+        return ProgressRow(mv_id, leaf, WHOLE_ORDER, "in_progress", state.pos.to_json(),
+                           state.rows, pinned_epoch)
+    return ProgressRow(mv_id, leaf, WHOLE_ORDER, "done", None, state.rows, pinned_epoch)
+
+
+def state_from_rows(rows: Sequence[ProgressRow]) -> tuple[BackfillState, int | None]:
+    if not rows:
+        return NotStarted(), None
+    r = rows[0]
+    if r.state == "in_progress":
+        return InProgress(Position.from_json(r.pos), r.rows), r.pinned_epoch
+    if r.state == "done":
+        return Done(r.rows), r.pinned_epoch
+    return NotStarted(), r.pinned_epoch
+
+
+def rows_done(state: BackfillState) -> int:
+    return 0 if isinstance(state, NotStarted) else state.rows
+
+
+def leaf_change(upstream: Relation, delta_u: DataFrame | None,
+                covered_before: SparkColumn, covered_after: SparkColumn,
+                chunk: DataFrame | None) -> Change | None:
+    """The change of a leaf's visible rows this epoch: the upstream's changes to
+    keys covered after this epoch, plus the chunk (newly covered keys) read from
+    the previous snapshot.
+
+    Before-images count only where the MV already holds the key
+    (``covered_before``); after-images count where the key is covered after this
+    epoch (``covered_after``); chunk rows count unless the epoch changed their key.
+    """
+    if delta_u is None and chunk is None:
+        return None
+    up_cols = [c.name for c in upstream.columns]
+    afters: list[DataFrame] = []
+    before: DataFrame | None = None
+    if delta_u is not None:
+        before = before_images(delta_u).where(covered_before).select(*up_cols)
+        afters.append(after_images(delta_u).where(covered_after).select(*up_cols))
+    if chunk is not None:
+        if delta_u is not None:
+            chunk = chunk.join(delta_u.select(*upstream.key).distinct(), list(upstream.key),
+                               "left_anti")
+        afters.append(chunk.select(*up_cols))
+    after = afters[0]
+    for extra in afters[1:]:
+        after = after.unionByName(extra)
+    return Change(after.limit(0) if before is None else before, after)
+
+
+@dataclass
+class ScanResult:
+    change: Change | None
+    state: BackfillState
+    pinned_epoch: int | None
+    chunk_rows: int
+    cached: list[DataFrame]
+    #: progress rows to persist, when the strategy keeps more than one position
+    progress_rows: list[ProgressRow] | None = None

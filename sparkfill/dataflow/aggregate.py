@@ -1,0 +1,229 @@
+"""Aggregate: GROUP BY (or a global aggregate) over the row stage's rows.
+
+Invariant: after epoch ``e`` the aggregate's state table holds its input rows,
+keyed ``(group JSON, row key)`` and distributed by group; the MV's rows are keyed
+by group JSON. Only the groups the epoch's changes touch are recomputed: their
+input rows at ``e-1`` (the state, looked up by the touched groups and pruned to
+their vnodes) evaluated against those rows with the Δ applied — or, for running
+aggregates, each touched group's old values (its MV row) updated by the signed
+Δ, reading input rows only for a group that lost its min/max. A global aggregate
+is one partition: it reads its whole state, and emits its row for empty input in
+the job's first epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..sql.planner import GROUP_KEY, GROUP_OF_ROW, GROUP_ROWS, AggSpec, MvPlan, running_count_column
+from ..storage.catalog import Relation
+from ..storage.keyrange import values_in
+from ..storage.relation_store import BEFORE_OPS, Appended, RelationStore
+from ..storage.schema import OP, quoted, vnode_expr
+from .change import apply_delta
+from .changelog import AFTER, BEFORE, changelog_of_pairs, consolidate, image_sql
+from .keys import group_json, group_json_sql, normalized, touched_partitions
+
+__all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "group_values",
+           "outputs", "evaluate"]
+
+
+def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFrame:
+    """Row-stage rows as rows of the aggregate's state table (with their group)."""
+    assert plan.agg is not None
+    types = {c.name: c.type for c in agg_state.columns}
+    return rows.withColumn(GROUP_OF_ROW, group_json(plan.agg.group, types)).select(
+        *[c.name for c in agg_state.columns])
+
+
+def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,
+                     written: Appended | None, epoch: int, initial: bool) -> DataFrame | None:
+    """The MV's changelog from ``written``, the row stage's change as appended to the
+    aggregate's state table this epoch (None: no change); ``initial``: the job's
+    first epoch (a global aggregate emits its row for empty input)."""
+    assert plan.agg is not None
+    spec = plan.agg
+    cols = [c.name for c in agg_state.columns]
+    delta = None if written is None else written.delta
+    names = [c.name for c in mv.columns]
+    if not spec.group:
+        # a global aggregate: one partition, always one row (before HAVING)
+        if delta is None and not initial:
+            return None
+        old = store.snapshot(mv.stored, epoch - 1).select(*names)
+        state = store.snapshot(agg_state.stored, epoch - 1).select(*cols)
+        new_input = state if delta is None else apply_delta(state, delta, agg_state)
+        return consolidate(old, evaluate(mv, plan, new_input), names, mv.key)
+    if written is None:
+        return None
+    delta = written.delta
+    if spec.running is not None:
+        return aggregate_running(store, mv, spec, agg_state, written, epoch)
+    # the state is distributed by group: the Δ's vnodes are the touched groups'
+    old_input = store.lookup(agg_state.stored, epoch - 1,
+                             touched_partitions([written], GROUP_OF_ROW),
+                             vnodes=written.vnodes).select(*cols)
+    new_input = apply_delta(old_input, delta, agg_state)
+    return consolidate(evaluate(mv, plan, old_input),
+                       evaluate(mv, plan, new_input), names, mv.key)
+
+
+def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
+                      agg_state: Relation, written: Appended, epoch: int) -> DataFrame:
+    """A grouped aggregate kept as running values per group (hidden columns of
+    the MV): each touched group's new values are its old ones (a lookup of the
+    MV's rows by group) updated by the signed input Δ — counts and exact sums
+    add, a min/max takes the arriving extreme. Only a group whose Δ retracts
+    its min/max without replacing it reads its input rows (from the state)."""
+    running = spec.running
+    assert running is not None
+    delta = written.delta
+    names = [c.name for c in mv.columns]
+    types = {c.name: c.type for c in mv.columns}
+    row_types = {c.name: c.type for c in agg_state.columns}
+    q = quoted
+    # the signed input Δ summed per group, as SQL text (one driver call for all)
+    weight = f"(CASE WHEN {OP} IN ('+', 'U+') THEN 1 ELSE -1 END)"
+    parts = [f"sum({weight}) AS _sf_d"]
+    for name, kind, arg in running:
+        x = q(arg) if arg else "1"  # count(*) counts every row
+        if kind == "count":
+            parts.append(
+                f"sum(CASE WHEN {x} IS NOT NULL THEN {weight} END) AS {q(name + '_d')}")
+        elif kind == "count_if":
+            parts.append(f"sum(CASE WHEN {x} THEN {weight} END) AS {q(name + '_d')}")
+        elif kind == "sum":
+            parts += [f"sum({weight} * {x}) AS {q(name + '_d')}",
+                      f"sum(CASE WHEN {x} IS NOT NULL THEN {weight} END) AS {q(name + '_dn')}"]
+        else:
+            parts += [f"{kind}(CASE WHEN {weight} > 0 THEN {x} END) AS {q(name + '_in')}",
+                      f"{kind}(CASE WHEN {weight} < 0 THEN {x} END) AS {q(name + '_out')}"]
+    firsts = [F.first(normalized(g, row_types)).alias(g) for g in spec.group]
+    partial = delta.groupBy(GROUP_OF_ROW).agg(*firsts, *[F.expr(p) for p in parts])
+    # the old values: the MV's rows of the touched groups (distributed by group),
+    # each with its whole row as the before-image of the group's change
+    hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
+    touched = written.keys if written.keys is not None else \
+        delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()
+    old = store.lookup(mv.stored, epoch - 1, touched, vnodes=written.vnodes)
+    joined = partial.join(
+        old.selectExpr(f"{GROUP_KEY} AS {GROUP_OF_ROW}",
+                       *[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
+                       f"{image_sql(names)} AS {BEFORE}"),
+        GROUP_OF_ROW, "left")
+
+    def was(column: str) -> str:
+        return q(f"_sf_old{column}")
+
+    def d(column: str) -> str:
+        return f"coalesce({q(column)}, 0)"
+
+    def new_values_sql(recomputed: bool) -> list[str]:
+        """Each group's new hidden values; with ``recomputed``, a group marked
+        ``_sf_lost`` takes its min/max from the joined ``_sf_re`` columns."""
+        new = [f"coalesce({was(GROUP_ROWS)}, 0) + _sf_d AS {GROUP_ROWS}"]
+        for name, kind, _ in running:
+            if kind in ("count", "count_if"):
+                value = f"coalesce({was(name)}, 0) + {d(name + '_d')}"
+            elif kind == "sum":
+                non_null = running_count_column(name)
+                n = f"(coalesce({was(non_null)}, 0) + {d(name + '_dn')})"
+                new.append(f"{n} AS {q(non_null)}")
+                value = (f"CASE WHEN {n} = 0 THEN NULL "
+                         f"ELSE coalesce({was(name)}, 0) + {d(name + '_d')} END")
+            else:
+                extreme = "greatest" if kind == "max" else "least"
+                value = f"{extreme}({was(name)}, {q(name + '_in')})"
+                if recomputed:
+                    value = f"IF(_sf_lost, {q('_sf_re' + name)}, {value})"
+            new.append(f"CAST({value} AS {types[name]}) AS {q(name)}")
+        return new
+
+    # a group lost its extreme when the Δ retracts a value at it and brings none
+    # at or beyond it
+    lost = " OR ".join(
+        f"(coalesce({q(name + '_out')} {cmp} {was(name)}, FALSE) AND NOT "
+        f"coalesce({q(name + '_in')} {cmp} {was(name)}, FALSE))"
+        for name, kind, _ in running if kind in ("min", "max")
+        for cmp in [">=" if kind == "max" else "<="])
+    lost_groups: list[tuple[str, int]] = []
+    if lost and any(op in written.counts for op in BEFORE_OPS):
+        # the groups that lost their extreme (and still have rows): a small collect,
+        # only when rows left (an insert-only Δ retracts nothing)
+        lost_groups = [(str(r[0]), int(r[1])) for r in joined.selectExpr(
+            GROUP_OF_ROW, f"({lost}) AS _sf_lost", *new_values_sql(False)).where(
+            f"_sf_lost AND {GROUP_ROWS} > 0").select(
+            GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW])).collect()]
+        store.spark_jobs += 1
+    if lost_groups:
+        # their extremes recomputed from their input rows (the state's rows of those
+        # groups with the Δ applied) and joined in beside the running values
+        groups = sorted({g for g, _ in lost_groups})
+        cols = [c.name for c in agg_state.columns]
+        old_input = store.lookup(agg_state.stored, epoch - 1, groups,
+                                 vnodes=sorted({v for _, v in lost_groups})
+                                 ).select(*cols)
+        in_groups = values_in(GROUP_OF_ROW, groups)
+        assert in_groups is not None  # JSON strings
+        new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
+        recomputed = group_values(spec, new_input).selectExpr(
+            f"{group_json_sql(spec.group, row_types)} AS {GROUP_OF_ROW}",
+            "TRUE AS _sf_lost",
+            *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running
+              if kind in ("min", "max")])
+        joined = joined.join(recomputed, GROUP_OF_ROW, "left").withColumn(
+            "_sf_lost", F.coalesce(F.col("_sf_lost"), F.lit(False)))
+    value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
+                  *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
+    new_values = joined.selectExpr(GROUP_OF_ROW, *[q(g) for g in spec.group],
+                                   *new_values_sql(bool(lost_groups)), BEFORE
+                                   ).select(*value_cols)
+    # a group's change: its old row (the before-image) against its new values
+    # (none when its last row left); one projection over every touched group, so
+    # the plan above computes them once
+    live = f"{GROUP_ROWS} > 0"
+    pairs = outputs(mv, spec, new_values, row_types, carry=(BEFORE,),
+                    only_if=live).selectExpr(
+        GROUP_KEY, BEFORE, f"IF({live}, {image_sql(names)}, NULL) AS {AFTER}")
+    return changelog_of_pairs(pairs, names, mv.key)
+
+
+def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
+    """Per group of ``rows``: the group columns, each aggregate's value and, for a
+    running aggregate, the group's rows and each sum's non-null count."""
+    aggs = [F.expr(sql).alias(name) for name, sql in spec.aggs]
+    if spec.running is not None:
+        aggs.append(F.count(F.lit(1)).alias(GROUP_ROWS))
+        aggs += [F.count(F.col(arg)).alias(running_count_column(name))
+                 for name, kind, arg in spec.running if kind == "sum"]
+    return rows.groupBy(*spec.group).agg(*(aggs or [F.count(F.lit(1)).alias("_sf_n")]))
+
+
+def outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
+            group_types: dict[str, str], carry: Sequence[str] = (),
+            only_if: str | None = None) -> DataFrame:
+    """The MV's rows (visible outputs, group key, hidden running values) from
+    per-group values, and the ``carry`` columns of ``grouped`` as they are.
+    ``only_if``: a condition of a group's values; the visible outputs of a group
+    that fails it are NULL and never evaluated (a division by a gone group's count
+    would fail)."""
+    if spec.having:
+        grouped = grouped.where(spec.having)
+    types = {c.name: c.type for c in mv.columns}
+    out = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}" if only_if is None else
+           f"CAST(IF({only_if}, ({sql}), NULL) AS {types[name]}) AS {quoted(name)}"
+           for name, sql in spec.outputs]
+    key = f"{group_json_sql(spec.group, group_types)} AS {GROUP_KEY}"
+    hidden = [f"CAST({quoted(c.name)} AS {c.type}) AS {quoted(c.name)}" for c in mv.columns
+              if c.hidden and c.name != GROUP_KEY]
+    return grouped.selectExpr(*out, key, *hidden, *[quoted(c) for c in carry])
+
+
+def evaluate(mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
+    """The aggregate's output rows over its input ``rows``: the MV's columns."""
+    assert plan.agg is not None
+    return outputs(mv, plan.agg, group_values(plan.agg, rows),
+                   dict(rows.dtypes))

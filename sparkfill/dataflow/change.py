@@ -1,0 +1,76 @@
+"""Changes: one epoch's change of a set of rows, as an operator takes it in and
+hands it on.
+
+Invariant: a ``Change`` holds whole images — ``before`` rows leave, ``after`` rows
+arrive — at most one per key on each side. A signed change (each row with its
+weight, ``+1`` arrives, ``-1`` leaves) summed per distinct row is that same
+change (``net_change``); ``apply_delta`` turns a state's rows at ``e-1`` into its
+rows at ``e``: every key a Δ touches is replaced by its after-image, if any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..storage.catalog import Relation
+from ..storage.relation_store import LIVE_OPS, Appended
+from ..storage.schema import OP
+from .changelog import after_images, before_images
+
+__all__ = ["Change", "change_of", "Emit", "WEIGHT", "signed", "net_change", "apply_delta"]
+
+
+@dataclass
+class Change:
+    """One epoch's change of a set of rows: ``before`` rows leave, ``after`` rows
+    arrive (whole images, at most one per key on each side)."""
+
+    before: DataFrame
+    after: DataFrame
+
+
+def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
+    """A relation's consolidated changelog as a ``Change`` over ``columns``."""
+    if delta is None:
+        return None
+    return Change(before_images(delta).select(*columns), after_images(delta).select(*columns))
+
+
+#: appends a state table's Δ for the epoch (``rows_hint``: about how many rows);
+#: returns what was written, or None when the Δ was empty
+Emit = Callable[[Relation, DataFrame, int], Appended | None]
+
+
+#: a row's weight in a signed change (+1 arrives, -1 leaves): the join's bilinear rule
+WEIGHT = "_sf_w"
+
+
+def _weight() -> SparkColumn:
+    """A changelog row's weight: +1 for an after-image, -1 for a before-image."""
+    return F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
+
+
+def signed(delta: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """A changelog's rows with their weight."""
+    return delta.select(*columns, _weight().alias(WEIGHT))
+
+
+def net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
+    """A signed change summed per distinct row: what remains with weight -1 leaves,
+    with +1 arrives (a set-keyed relation's change nets to -1, 0 or +1 per row)."""
+    net = rows.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+    return Change(net.where(F.col(WEIGHT) < 0).select(*columns),
+                  net.where(F.col(WEIGHT) > 0).select(*columns))
+
+
+def apply_delta(rows: DataFrame, delta: DataFrame, state: Relation) -> DataFrame:
+    """A state's ``rows`` with its ``delta`` applied: the old rows of the keys the Δ
+    touches leave, their after-images arrive."""
+    cols = [c.name for c in state.columns]
+    return rows.join(delta.select(*state.key), list(state.key), "left_anti") \
+        .unionByName(after_images(delta).select(*cols))

@@ -1,0 +1,58 @@
+"""Partition keys of the stateful operators: a group's or a window partition's
+values as JSON, and the keys an epoch's state-table Δs touched.
+
+Invariant: values Spark puts in one group have one JSON (-0.0 and 0.0 are one
+group: their JSON agrees too), so the JSON is a partition's identity both in the
+MV's key and in the first key column of its state table (which distributes the
+state by partition). The touched keys of Δs are exactly the distinct values of
+that column in them: on the driver when each write observed them, else a frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..storage.relation_store import Appended
+from ..storage.schema import quoted
+from .changelog import union_all
+
+__all__ = ["normalized_sql", "normalized", "group_json_sql", "group_json",
+           "touched_partitions"]
+
+
+def normalized_sql(name: str, types: dict[str, str]) -> str:
+    """A group column as Spark groups it: -0.0 is 0.0 (SQL text)."""
+    col = quoted(name)
+    if types.get(name) in ("double", "float"):
+        return f"CASE WHEN {col} = 0 THEN CAST(0.0 AS {types[name]}) ELSE {col} END"
+    return col
+
+
+def normalized(name: str, types: dict[str, str]) -> SparkColumn:
+    return F.expr(normalized_sql(name, types))
+
+
+def group_json_sql(group: Sequence[str], types: dict[str, str]) -> str:
+    """A group's values as JSON: the aggregate MV's key and its state's partition
+    (-0.0 and 0.0 are one group: their JSON agrees too), as SQL text."""
+    if not group:
+        return "'{}'"
+    fields = ", ".join(f"'k{i}', {normalized_sql(g, types)}" for i, g in enumerate(group))
+    return f"to_json(named_struct({fields}))"
+
+
+def group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
+    return F.expr(group_json_sql(group, types))
+
+
+def touched_partitions(written: Sequence[Appended], column: str,
+                       ) -> tuple[object, ...] | DataFrame:
+    """The distinct ``column`` values of state-table Δs: on the driver when each
+    write observed them, else a frame of them."""
+    if all(w.keys is not None for w in written):
+        return tuple(sorted({k for w in written for k in (w.keys or ())}, key=str))
+    return union_all([w.delta.select(column) for w in written]).distinct()

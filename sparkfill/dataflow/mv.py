@@ -1,0 +1,143 @@
+"""An MV's dataflow: from the changes of its leaves in one epoch to the MV's
+changelog and the changelogs of its state tables, through its operators in order.
+
+Invariant: with ``V_i(e)`` the rows of leaf ``i`` the MV has taken in so far
+(all of it once created, the backfilled part while creating), after epoch ``e``
+``MV(e) = Q(V_1(e), V_2(e))``, and each stateful operator's state table holds
+what its module says (``join.py``, ``aggregate.py``, ``window.py``).
+
+A stateful operator recomputes only the partitions — join keys, groups, window
+partitions — that
+the epoch's changes touch: the old rows from its state at ``e-1``, the new rows
+from that state with the changes applied; the difference of the two is the
+output. Reads of a state table are pruned to the touched partitions' vnodes and
+filtered by the touched keys — values the state table's write observed, so the
+filter is part of the read's own Spark job (a broadcast job only for a Δ with
+more than ``KEY_VALUES`` keys) — so an epoch's work follows its changes, not the
+size of the state (global aggregates, one partition, excepted).
+
+A state table's Δ is appended (``emit``) as soon as it is computed, in one Spark
+job that also observes the vnodes it touched; the operator reads it back from
+the written files, so no Δ is computed twice and no plan grows down a chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..sql.planner import MvPlan
+from ..storage.catalog import Relation
+from ..storage.relation_store import Appended, RelationStore
+from . import aggregate, join, project, topn, union, window
+from .change import Change, Emit
+from .changelog import consolidate
+
+__all__ = ["DataflowResult", "MvDataflow"]
+
+
+@dataclass
+class DataflowResult:
+    #: the MV's own changelog for the epoch (not written yet), None: no change
+    delta: DataFrame | None
+    #: the epoch the Δs are appended as (a snapshot job catching up: an earlier one)
+    tag: int | None = None
+
+
+class MvDataflow:
+    """Runs one MV's operators for one epoch."""
+
+    def __init__(self, spark: SparkSession, store: RelationStore) -> None:
+        self.spark = spark
+        self.store = store
+
+    def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
+            changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
+            rows_hint: int) -> DataflowResult:
+        """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
+        the job's first epoch (a global aggregate emits its row for empty input);
+        ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
+        changes hold."""
+        plan = mv.plan
+        assert plan is not None
+        result = DataflowResult(None)
+        names = [c.name for c in mv.columns]
+
+        # stage 1: rows — filter/project over one leaf, over each branch of a UNION
+        # ALL, or over a recomputed join (each side's state table takes its change)
+        if plan.branches:
+            result.delta = union.union_delta(mv, plan, changes)
+            return result
+        if plan.join is None:
+            rows = project.row_change(plan, changes[0])
+        else:
+            rows = join.join_change(self.store, plan, leaves, states[:2], changes, epoch,
+                                    emit, rows_hint)
+
+        # stage 2: the aggregate, the window functions, or the rows themselves, become
+        # the MV's changelog (the aggregate's and the window's input rows go to their
+        # state table first)
+        if plan.window is not None:
+            written = None if rows is None else self._emit_stage_input(plan, states[-1], rows,
+                                                                        emit, rows_hint)
+            result.delta = window.window_change(self.store, mv, plan, states[-1], written,
+                                                epoch)
+            return result
+        if plan.agg is None:
+            if rows is not None:
+                result.delta = consolidate(rows.before.select(*names),
+                                           rows.after.select(*names), names, mv.key)
+            return result
+        written = None if rows is None else self._emit_stage_input(plan, states[-1], rows,
+                                                                    emit, rows_hint)
+        result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
+                                                  epoch, initial)
+        return result
+
+    # --- top-N (an MV of its own over one leaf) -------------------------------------------
+
+    def top_n(self, mv: Relation, leaf: Relation, leaf_delta: DataFrame | None,
+              epoch: int) -> DataFrame:
+        """A top-N MV's changelog for ``epoch`` (``topn.top_n``)."""
+        return topn.top_n(self.store, mv, leaf, leaf_delta, epoch)
+
+    # --- the operators' row mappings, for the snapshot strategy's phase 1 -----------------
+
+    @staticmethod
+    def project(plan: MvPlan, inputs: Sequence[DataFrame],
+                keep: Sequence[str] = ()) -> DataFrame:
+        return project.project(plan, inputs, keep)
+
+    @staticmethod
+    def project_branch(plan: MvPlan, branch: int, rows: DataFrame) -> DataFrame:
+        """A UNION ALL branch's rows (with the MV's key columns) from its leaf's rows."""
+        return union.project_branch(plan, branch, rows)
+
+    @staticmethod
+    def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> DataFrame:
+        """A join side's leaf rows as rows of its state table (with their join key)."""
+        return join.side_rows(plan, side, rows, state)
+
+    # --- the aggregate's or the window functions' input ------------------------------------
+
+    def _emit_stage_input(self, plan: MvPlan, state: Relation, rows: Change, emit: Emit,
+                          rows_hint: int) -> Appended | None:
+        """Append the row stage's change to the aggregate's or the window's state table
+        (distributed by its first key column, the group or partition)."""
+        return emit(state, consolidate(
+            self.stage_input_rows(plan, state, rows.before),
+            self.stage_input_rows(plan, state, rows.after),
+            [c.name for c in state.columns], state.key, state.key[:1]), rows_hint)
+
+    def stage_input_rows(self, plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
+        """Row-stage rows as rows of the state table of the aggregate or of the window
+        functions (its first key column: the row's group or partition)."""
+        return (aggregate.agg_input_rows(plan, state, rows) if plan.agg is not None
+                else window.window_input_rows(plan, state, rows))
+
+    def evaluate_stage(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
+        """The MV's rows over whole groups or partitions of that state's ``rows``."""
+        return (aggregate.evaluate(mv, plan, rows) if plan.agg is not None
+                else window.evaluate_window(mv, plan, rows))

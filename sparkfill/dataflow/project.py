@@ -1,0 +1,44 @@
+"""Filter/project: the row stage, over one leaf or over a recomputed join.
+
+Invariant: the stage is linear and keeps no state — its change is the filtered,
+projected before-images against the filtered, projected after-images, so
+``rows(e) = project(V(e))`` with nothing read but the change itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..sql.planner import MvPlan
+from .change import Change
+
+__all__ = ["filter_project", "project", "row_change"]
+
+
+def filter_project(df: DataFrame, where: str | None,
+                   rows: Sequence[tuple[str, str]], keep: Sequence[str] = ()) -> DataFrame:
+    """``SELECT sql AS name, ..., keep FROM df [WHERE where]`` from a plan's strings."""
+    if where:
+        df = df.where(F.expr(where))
+    return df.select(*[F.expr(sql).alias(name) for name, sql in rows],
+                     *[F.col(c) for c in keep])
+
+
+def project(plan: MvPlan, inputs: Sequence[DataFrame], keep: Sequence[str] = ()) -> DataFrame:
+    if plan.join is None:
+        df = inputs[0].alias(plan.leaves[0].alias)
+    else:
+        left = inputs[0].alias(plan.leaves[0].alias)
+        right = inputs[1].alias(plan.leaves[1].alias)
+        df = left.join(right, F.expr(plan.join.on), plan.join.how)
+    return filter_project(df, plan.where, plan.rows, keep)
+
+
+def row_change(plan: MvPlan, change: Change | None) -> Change | None:
+    """The row stage's change over one leaf: its change's before- and after-images,
+    each filtered and projected."""
+    return None if change is None else Change(
+        project(plan, [change.before]), project(plan, [change.after]))

@@ -1,0 +1,45 @@
+"""Top-N: ``ORDER BY ... LIMIT`` (with ``OFFSET``) over one leaf.
+
+Invariant: the MV holds the first ``offset + limit`` rows of its input in the
+order (ties broken by the MV's key). It keeps no state table: when its input
+changed, it reads the leaf's rows at ``e-1`` whole, applies the epoch's Δ, ranks
+them again and diffs the result against its own rows at ``e-1``.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from ..storage.catalog import Relation
+from ..storage.relation_store import RelationStore
+from ..storage.schema import quoted
+from .change import apply_delta
+from .changelog import consolidate
+from .project import project
+
+__all__ = ["top_n"]
+
+
+def top_n(store: RelationStore, mv: Relation, leaf: Relation, leaf_delta: DataFrame | None,
+          epoch: int) -> DataFrame:
+    """A top-N MV's changelog for ``epoch``: its rows recomputed from its input
+    (the leaf's rows at ``e-1`` with this epoch's Δ applied), the first
+    ``offset + limit`` in the order (ties broken by the MV's key), against its
+    rows at ``e-1``. It reads its whole input when that changed."""
+    plan = mv.plan
+    assert plan is not None and plan.topn is not None
+    spec = plan.topn
+    names = [c.name for c in mv.columns]
+    cols = [c.name for c in leaf.columns]
+    rows = store.snapshot(leaf.stored, epoch - 1).select(*cols)
+    if leaf_delta is not None:
+        rows = apply_delta(rows, leaf_delta, leaf)
+    order = [f"{quoted(c)} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}"
+             for c, desc, nf in spec.order]
+    order += [f"{quoted(k)} ASC" for k in mv.key]
+    ranked = project(plan, [rows]).selectExpr(
+        "*", f"row_number() OVER (ORDER BY {', '.join(order)}) AS _sf_rank")
+    new = ranked.where(f"_sf_rank > {spec.offset} AND _sf_rank <= "
+                       f"{spec.offset + spec.limit}").select(*names)
+    old = store.snapshot(mv.stored, epoch - 1).select(*names)
+    return consolidate(old, new, names, mv.key)

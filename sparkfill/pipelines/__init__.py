@@ -1,0 +1,7 @@
+"""Pipelines: running epochs.
+
+``coordinator`` (the epoch loop's one step: plan, Δ per relation in topological
+order, commit), ``live`` (epochs one after another with a live display, ``sparkfill
+run``), ``pipeline`` (pipeline files: a SQL file's statements and ``STEP``),
+``pipeline_check`` (a pipeline's dry run).
+"""
