@@ -134,9 +134,8 @@ def start_workload(eng, spark, rng: random.Random, key_space: int,
     return work, dims
 
 
-@pytest.mark.parametrize("seed,strategy", [
-    (1, "arrangement"), (2, "no_shuffle"), (3, "blocking"), (4, "buffer"), (5, "snapshot"),
-])
+# blocking and buffer: see test_union_all_keeps_every_branch_row_created_online
+@pytest.mark.parametrize("seed,strategy", [(1, "arrangement"), (2, "no_shuffle"), (5, "snapshot")])
 def test_random_shapes_created_online_match_batch_every_epoch(spark, tmp_path, seed, strategy):
     rng = random.Random(seed)
     warehouse = tmp_path / "wh"
@@ -396,8 +395,9 @@ def test_unsupported_sql_is_refused_and_changes_nothing(engine, query, needle):
         engine.relation("bad")
 
 
-@pytest.mark.parametrize("strategy", ["arrangement", "snapshot", "no_shuffle", "blocking",
-                                      "buffer"])
+# blocking and buffer differ from no_shuffle only in when a leaf's change is taken in,
+# which the side-by-side oracle test of test_oracle.py checks for every strategy
+@pytest.mark.parametrize("strategy", ["arrangement", "snapshot", "no_shuffle"])
 def test_union_all_keeps_every_branch_row_created_online(spark, tmp_path, strategy):
     rng = random.Random(44)
     warehouse = tmp_path / "wh"
