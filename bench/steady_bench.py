@@ -611,7 +611,8 @@ def run(args: argparse.Namespace) -> str:
     args.tmp = tempfile.mkdtemp(prefix="sparkfill-steady-bench-")
     spark = build_spark_session(master=args.master, shuffle_partitions=args.shuffle_partitions,
                                 driver_memory=args.driver_memory,
-                                app_name="sparkfill-steady-bench")
+                                app_name="sparkfill-steady-bench",
+                                extra_conf=dict(c.split("=", 1) for c in args.conf))
     jobs = JobCounter(spark.sparkContext)
     steady_results: list[SteadyResult] = []
     peer_results: list[PeerResult] = []
@@ -641,6 +642,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="append the results to this markdown file")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--skip-steady", action="store_true")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra Spark setting of the session (repeatable)")
     args = parser.parse_args()
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
