@@ -142,13 +142,13 @@ DRIVER = textwrap.dedent("""
     eng = Engine(sys.argv[1])
     rng = random.Random(4)
     eng.sql(create_table_sql("t"))
-    eng.insert("t", [random_row(rng, k) for k in range(3000)])
+    eng.insert("t", [random_row(rng, k) for k in range(1500)])
     eng.step()
     eng.sql("CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = 100, "
             "backfill_parallelism = 1, backfill_target_epoch_ms = 0) AS "
             "SELECT id, g, v * 2 AS w, s FROM t WHERE v % 3 <> 0")
     while True:
-        eng.insert("t", [random_row(rng, rng.randrange(3500)) for _ in range(30)])
+        eng.insert("t", [random_row(rng, rng.randrange(1800)) for _ in range(30)])
         eng.step()
         print("epoch", eng.committed_epoch, eng.progress("m").vnodes_done, flush=True)
 """)
@@ -181,7 +181,7 @@ def test_rescale_after_sigkill_mid_backfill(tmp_path, spark):
         eng.sql("ALTER MATERIALIZED VIEW m SET backfill_parallelism = 2")
         rng = random.Random(8)
         for _ in range(80):
-            eng.insert("t", [random_row(rng, rng.randrange(3500)) for _ in range(30)])
+            eng.insert("t", [random_row(rng, rng.randrange(1800)) for _ in range(30)])
             report = eng.step()
             if eng.progress("m").state == "created":
                 break
