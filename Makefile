@@ -1,6 +1,7 @@
 # sparkfill developer entry points.
 #   make demo   - set up .venv, ensure Java 17/21, run the demo
-#   make test   - set up .venv, ensure Java 17/21, run pytest (PYTEST_ARGS="-k foo" to filter),
+#   make test   - set up .venv, ensure Java 17/21 and PostgreSQL's server binaries, run pytest
+#                 (PYTEST_ARGS="-k foo" to filter),
 #                 then the tests marked `connect` again against a Spark Connect server
 #   make lint   - ruff + mypy
 #   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
@@ -27,6 +28,7 @@ demo: venv
 	@$(WITH_JAVA) exec $(VPY) -m sparkfill.demo
 
 test: venv
+	@bash scripts/ensure_postgres.sh
 	@$(WITH_JAVA) $(VPY) -m pytest -q $(PYTEST_ARGS)
 	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -m connect $(PYTEST_ARGS) \
 		|| test $$? -eq 5  # 5: a -k filter left no test of the subset
