@@ -347,8 +347,10 @@ def test_unknown_column_mv(fx):
 # --------------------------------------------------------------------------- #
 
 UNSUPPORTED = [
-    ("intersect", "SELECT order_id FROM orders INTERSECT SELECT order_id FROM orders",
-     ("intersect",)),
+    ("intersect_all", "SELECT order_id FROM orders INTERSECT ALL SELECT order_id FROM orders",
+     ("intersect all",)),
+    ("except_unnamed", "SELECT order_id + 1 FROM orders EXCEPT SELECT order_id FROM orders",
+     ("needs a name",)),
     ("non_equi_join", "SELECT a.order_id FROM orders a JOIN orders b ON a.amount < b.amount",
      ("non-equi",)),
     ("chain_non_equi", "SELECT a.order_id FROM orders a JOIN orders b ON a.order_id = "

@@ -330,7 +330,8 @@ def test_backfill_order_and_default_smaller_leaf_first(engine, spark):
 def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
     """Shapes the planner compiles after a rewrite of the same meaning: aggregates
     with FILTER (WHERE ...), a comma join with its equality in WHERE, an ORDER BY
-    without LIMIT, a derived table and a CTE that filter and project; created
+    without LIMIT, a derived table and a CTE that filter and project, INTERSECT and
+    EXCEPT; created
     online while changes flow, checked at every epoch."""
     rng = random.Random(11)
     eng = Engine(tmp_path / "wh", spark=spark)
@@ -345,6 +346,11 @@ def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
                "(SELECT g, v * 2 AS w FROM {t} WHERE v > 100) AS q GROUP BY q.g", ["t"]),
         "ct": ("WITH x AS (SELECT id, g, v FROM {t} WHERE v % 2 = 0) "
                "SELECT x.id, x.v, y.name FROM x JOIN {d} y ON x.g = y.g", ["t", "d"]),
+        # set operations: a UNION ALL of both sides, grouped by every column
+        "ix": ("SELECT g, v % 7 AS m FROM {t} WHERE v > 100 "
+               "INTERSECT SELECT g, w % 7 AS m FROM {d}", ["t", "d"]),
+        "ex": ("SELECT g, s FROM {t} WHERE v % 5 = 0 EXCEPT SELECT g, name FROM {d}",
+               ["t", "d"]),
     }
     try:
         for name, (sql, _) in shapes.items():

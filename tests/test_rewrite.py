@@ -152,6 +152,10 @@ MEANING_QUERIES = [
     "SELECT id FROM t WHERE EXISTS (SELECT * FROM d WHERE d.k = t.k AND d.w > t.v "
     "AND d.w > (SELECT avg(v) FROM t))",
     "SELECT k, v FROM t UNION SELECT k, w FROM d UNION SELECT id % 3, k FROM t",
+    "SELECT k, v FROM t INTERSECT SELECT k, w FROM d",
+    "SELECT k, v FROM t EXCEPT SELECT k, w FROM d",
+    "SELECT k FROM t WHERE v > 2 INTERSECT SELECT k FROM d EXCEPT SELECT id % 3 AS k FROM t",
+    "SELECT k, count(*) AS c FROM t GROUP BY k EXCEPT SELECT k, w FROM d",
 ]
 MEANING_COLUMNS = {"t": ["id", "k", "v"], "d": ["id", "k", "w"]}
 

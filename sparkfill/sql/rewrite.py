@@ -12,6 +12,11 @@ plan is built from the rewritten tree.
 - ``ORDER BY`` without ``LIMIT``/``OFFSET`` is dropped: an MV is a set of rows.
 - ``A UNION B [UNION ...]`` (no ``ALL`` anywhere in the chain) is ``SELECT DISTINCT *
   FROM (A UNION ALL B ...)``.
+- ``A INTERSECT B`` and ``A EXCEPT B`` (set semantics, no ``ALL``) group ``A UNION ALL
+  B`` by every column, each branch tagged with which side it is: a group is in the
+  intersection when both sides have a row of it, in the difference when only ``A``
+  has. Grouping treats NULLs as equal, as these set operations do. The columns keep
+  ``A``'s names (each must have one: a column or an ``AS``).
 - ``agg(x) FILTER (WHERE c)`` becomes ``agg(CASE WHEN c THEN x END)`` (and
   ``count(*) FILTER (WHERE c)`` becomes ``count(CASE WHEN c THEN 1 END)``): every
   aggregate sparkfill maintains ignores NULL inputs, so a row the filter rejects
@@ -46,7 +51,7 @@ from sqlglot import exp
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
-from ..errors import UnsupportedQuery
+from ..errors import SqlError, UnsupportedQuery
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 from .subqueries import decorrelate
 
@@ -59,6 +64,7 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
     query = _merge_derived_tables(time_windows_to_derived(_inline_ctes(query.copy())), columns_of)
     _drop_order(query)
     query = _union_to_distinct(query)
+    query = _intersect_except_to_groups(query)
     for select in reversed(list(query.find_all(exp.Select))):  # innermost first
         _filters_to_case(select)
         _factor_where(select)
@@ -91,6 +97,76 @@ def _union_to_distinct(query: exp.Expr) -> exp.Expr:
         union.set("distinct", False)
     return exp.select(exp.Star()).distinct().from_(exp.Subquery(
         this=query, alias=exp.TableAlias(this=exp.to_identifier("__sf_union"))))
+
+
+#: the branch tags of an INTERSECT/EXCEPT rewritten as a grouped UNION ALL
+_LEFT, _RIGHT = "__sf_left", "__sf_right"
+
+
+def _intersect_except_to_groups(query: exp.Expr) -> exp.Expr:
+    """Every ``A INTERSECT B`` / ``A EXCEPT B`` of ``query`` (innermost first) as
+    ``SELECT cols FROM (A' UNION ALL B') GROUP BY cols HAVING ...`` (see above)."""
+    for node in reversed(list(query.find_all(exp.Intersect, exp.Except))):
+        grouped = _set_operation_as_groups(node)
+        if node is query:
+            query = grouped
+        else:
+            node.replace(grouped)
+    return query
+
+
+def _set_operation_as_groups(node: exp.SetOperation) -> exp.Expr:
+    op = "INTERSECT" if isinstance(node, exp.Intersect) else "EXCEPT"
+    if not node.args.get("distinct"):
+        raise UnsupportedQuery(f"{op} ALL is not supported in a materialized view "
+                               f"({op} without ALL is)")
+    if any(node.args.get(a) is not None for a in ("order", "limit", "offset")):
+        return node  # as written: the planner says what it does not support
+    sides = [s.unnest() if isinstance(s, exp.Subquery) else s
+             for s in (node.this, node.expression)]
+    if not all(isinstance(s, exp.Select) for s in sides):
+        return node
+    left, right = sides
+    assert isinstance(left, exp.Select) and isinstance(right, exp.Select)
+    names: list[str] = []
+    for item in left.expressions:
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column)
+                                          and isinstance(item.this, exp.Star)):
+            raise UnsupportedQuery(f"{op} over SELECT *: name the columns of each side")
+        if not isinstance(item, exp.Alias | exp.Column) or not item.alias_or_name:
+            raise UnsupportedQuery(f"every column of {op}'s first query needs a name: "
+                                   f"write {item.sql(dialect='spark')} AS name")
+        names.append(item.alias_or_name)
+    if len({n.lower() for n in names}) < len(names):
+        raise UnsupportedQuery(f"{op}'s first query names a column twice: {', '.join(names)}")
+    if len(right.expressions) != len(names) or any(
+            isinstance(i, exp.Star) for i in right.expressions):
+        raise SqlError(f"the two queries of {op} must have the same number of columns "
+                       f"(named, not *): {len(names)} and {len(right.expressions)}")
+    tagged_left: exp.Select = left.copy()
+    tagged_left.select(exp.alias_(exp.Literal.number(1), _LEFT),
+                       exp.alias_(exp.Literal.number(0), _RIGHT), copy=False)
+    tagged_right: exp.Select = right.copy()
+    tagged_right.set("expressions", [
+        exp.alias_(item.unalias().copy(), name) for item, name in zip(
+            right.expressions, names, strict=True)])
+    tagged_right.select(exp.alias_(exp.Literal.number(0), _LEFT),
+                        exp.alias_(exp.Literal.number(1), _RIGHT), copy=False)
+    both = exp.union(tagged_left, tagged_right, distinct=False)
+
+    def tag(name: str) -> exp.Expr:
+        return exp.Max(this=exp.column(name))
+
+    having = (exp.and_(exp.EQ(this=tag(_LEFT), expression=exp.Literal.number(1)),
+                       exp.EQ(this=tag(_RIGHT), expression=exp.Literal.number(1)))
+              if op == "INTERSECT" else
+              exp.EQ(this=tag(_RIGHT), expression=exp.Literal.number(0)))
+    columns = [exp.Column(this=exp.to_identifier(n)) for n in names]
+    return (exp.select(*columns)
+            .from_(exp.Subquery(this=both, alias=exp.TableAlias(
+                this=exp.to_identifier("__sf_setop"))))
+            .group_by(*[c.copy() for c in columns])
+            .having(having))
 
 
 def _inline_ctes(query: exp.Expr) -> exp.Expr:
