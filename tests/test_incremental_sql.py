@@ -377,7 +377,7 @@ def test_rewritten_shapes_are_maintained_exactly(spark, tmp_path):
     ("SELECT id FROM t LIMIT 3", "LIMIT"),
     ("SELECT t.id FROM t, d WHERE t.g < d.g", "cross join"),
     ("SELECT t.id FROM t JOIN d ON t.g < d.g", "non-equi"),
-    ("SELECT id FROM t WHERE g NOT IN (SELECT g FROM d WHERE d.w = t.v)", "correlated"),
+    ("SELECT id FROM t WHERE g NOT IN (SELECT g FROM d WHERE d.w > t.v)", "correlated"),
     ("SELECT id FROM t WHERE v > (SELECT w FROM d WHERE g = 1)", "scalar subqueries that"),
     ("WITH RECURSIVE r AS (SELECT 1 AS n FROM t UNION ALL SELECT n + 1 FROM r) SELECT n FROM r",
      "recursive CTE"),
@@ -895,6 +895,10 @@ DECORRELATED_SHAPES = {
     "excmp": ("SELECT a.id, a.x FROM {t5} a WHERE EXISTS (SELECT * FROM {t5} b WHERE b.x = a.x "
               "AND b.y <> a.y) AND NOT EXISTS (SELECT * FROM {t5} c WHERE c.x = a.x AND "
               "c.y > a.y AND c.id % 2 = 0)", ["t5"]),
+    # correlated IN and NOT IN (NULLs on both sides, keys without rows)
+    "cin": ("SELECT a.id, a.x FROM {t5} a WHERE a.x NOT IN (SELECT b.y FROM {t5} b WHERE "
+            "b.x = a.y) AND a.y IN (SELECT c.y FROM {t5} c WHERE c.x = a.x AND c.id > 20)",
+            ["t5"]),
     # a CTE read twice, once by a scalar subquery (TPC-H q15's shape)
     "cte": ("WITH g AS (SELECT bk, sum(v) AS s FROM {t1} GROUP BY bk) "
             "SELECT g.bk, g.s FROM g WHERE g.s = (SELECT max(s) FROM g)", ["t1"]),
@@ -912,7 +916,9 @@ def _t5_dml(eng, rng: random.Random, n: int) -> None:
 
 def test_decorrelated_subqueries_created_online_match_batch_every_epoch(spark, tmp_path):
     """An uncorrelated scalar subquery (a one-row link joined on a constant key), NOT
-    IN with NULLs (an anti-join and a one-row count), [NOT] EXISTS correlated by a
+    IN with NULLs (an anti-join and a one-row count), correlated IN and NOT IN
+    (EXISTS with the value's equality; per-key counts and an anti-join), [NOT]
+    EXISTS correlated by a
     comparison (min/max links, an inner and a LEFT join) and a CTE read twice,
     compiled into joins with derived tables: exact at every epoch once created,
     while every table changes. (That each rewrite keeps the query's meaning is

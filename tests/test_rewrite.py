@@ -152,6 +152,11 @@ MEANING_QUERIES = [
     "SELECT id FROM t WHERE EXISTS (SELECT * FROM d WHERE d.k = t.k AND d.w > t.v "
     "AND d.w > (SELECT avg(v) FROM t))",
     "SELECT k, v FROM t UNION SELECT k, w FROM d UNION SELECT id % 3, k FROM t",
+    "SELECT id FROM t WHERE v IN (SELECT w FROM d WHERE d.k = t.k)",
+    "SELECT id FROM t WHERE v NOT IN (SELECT w FROM d WHERE d.k = t.k)",
+    "SELECT id FROM t WHERE k NOT IN (SELECT b.v FROM t b WHERE b.id = t.v AND b.k > 1)",
+    "SELECT id, v FROM t WHERE v IN (SELECT w FROM d WHERE d.k = t.k AND d.w > 2) "
+    "AND k NOT IN (SELECT w FROM d WHERE d.id = t.id)",
     "SELECT k, v FROM t INTERSECT SELECT k, w FROM d",
     "SELECT k, v FROM t EXCEPT SELECT k, w FROM d",
     "SELECT k FROM t WHERE v > 2 INTERSECT SELECT k FROM d EXCEPT SELECT id % 3 AS k FROM t",

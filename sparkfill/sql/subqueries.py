@@ -18,6 +18,10 @@ of ``WHERE`` that is
 - ``x NOT IN (SELECT y ...)`` (uncorrelated) is that anti-join plus a one-row count
   of the subquery's rows and of its NULL ``y``: it holds when the subquery is
   empty, or when ``x`` is not NULL, matches no ``y`` and no ``y`` is NULL;
+- ``x [NOT] IN (SELECT y ... WHERE i.a = o.b ...)`` correlated by equalities: ``IN``
+  is ``EXISTS`` with ``y = x`` added to the correlation; ``NOT IN`` the same
+  anti-join and counts, per correlated key (a LEFT JOIN of the counts grouped by the
+  key: a key without rows is an empty subquery);
 - ``[NOT] EXISTS`` correlated by equalities and by one comparison ``i.c <op> o.d``
   joins the per-key ``min(c)`` and ``max(c)``: some ``c <> d`` exists iff the min or
   the max differs from ``d``, some ``c < d`` iff ``min(c) < d``, and so on (NULL
@@ -182,7 +186,8 @@ class _Rewriter:
     def __init__(self, select: exp.Select, columns_of: ColumnsOf) -> None:
         self.columns_of = columns_of
         self.joins: list[exp.Join] = []
-        taken = {s.alias_or_name.lower() for s in sources_of(select)}
+        self.sources = sources_of(select)
+        taken = {s.alias_or_name.lower() for s in self.sources}
         self.next = 1 + sum(1 for t in taken if t.startswith("__sf_sq"))
 
     def _alias(self) -> str:
@@ -225,8 +230,10 @@ class _Rewriter:
                 or not isinstance(cond.this, exp.Column):
             return None
         scope = _scope(sub, self.columns_of)
-        if scope is None or not all(scope.has(c) for c in _own_columns(sub)):
-            return None  # correlated
+        if scope is None:
+            return None
+        if not all(scope.has(c) for c in _own_columns(sub)):
+            return self._correlated_in(cond, sub, scope, negated)
         value = sub.expressions[0].unalias()
         group = sub.args.get("group")
         keyed = group is not None and len(group.expressions) == 1 \
@@ -266,6 +273,66 @@ class _Rewriter:
                     exp.EQ(this=n, expression=exp.Literal.number(0)),
                     exp.and_(exp.Not(this=exp.Is(this=cond.this.copy(), expression=exp.Null())),
                              exp.EQ(this=nulls, expression=exp.Literal.number(0)))))]
+
+    def _correlated_in(self, cond: exp.In, sub: exp.Select, scope: _Scope,
+                       negated: bool) -> list[exp.Expr] | None:
+        """``x IN (SELECT y FROM s WHERE <correlation>)``, ``y`` a column of ``s``: as a
+        conjunct of WHERE (where FALSE and NULL both drop the row) it is ``EXISTS
+        (SELECT * FROM s WHERE <correlation> AND y = x)``. ``NOT IN``: per correlated
+        key, the rows of ``s`` counted (``__sf_n``, ``__sf_nulls`` of ``y``) and an
+        anti-join on ``(key, y)``: it holds when the key has no rows, or when ``x`` is
+        not NULL, no ``y`` of the key is NULL and none equals ``x``."""
+        value, outer = sub.expressions[0].unalias(), cond.this
+        if not isinstance(value, exp.Column) or not scope.has(value) \
+                or sub.args.get("group") or sub.args.get("having") or _aggregates(sub):
+            return None
+        if not outer.table:  # qualified, as x moves into the subquery's scope
+            owners = [s.alias_or_name for s in self.sources if outer.name.lower() in
+                      {c.lower() for c in source_columns(s, self.columns_of)}]
+            if len(owners) != 1:
+                return None
+            outer = exp.column(outer.name, table=owners[0])
+        if outer.table.lower() in scope.names:
+            return None
+        corr = _correlation(sub, scope, allow_compare=False)
+        if corr is None or not corr.pairs:
+            return None
+        if not negated:
+            probe = sub.copy()
+            probe.set("where", exp.Where(this=exp.and_(
+                *[c.copy() for c in conjuncts(sub.args["where"].this)],
+                exp.EQ(this=value.copy(), expression=outer.copy()))))
+            return self._exists(probe, negated=False)
+        local = exp.Where(this=exp.and_(*[c.copy() for c in corr.local])) if corr.local else None
+        keys = [exp.alias_(i.copy(), f"__sf_k{n}") for n, (i, _) in enumerate(corr.pairs)]
+
+        def on(alias: str) -> list[exp.Expr]:
+            return [exp.EQ(this=o.copy(), expression=exp.column(f"__sf_k{n}", table=alias))
+                    for n, (_, o) in enumerate(corr.pairs)]
+
+        counts, stats = sub.copy(), self._alias()
+        counts.set("distinct", None)
+        counts.set("order", None)
+        counts.set("where", local and local.copy())
+        counts.set("expressions", [*[k.copy() for k in keys],
+                                   exp.alias_(exp.Count(this=exp.Star()), "__sf_n"),
+                                   exp.alias_(exp.CountIf(this=exp.Is(
+                                       this=value.copy(), expression=exp.Null())), "__sf_nulls")])
+        counts.set("group", exp.Group(expressions=[i.copy() for i, _ in corr.pairs]))
+        self._join(counts, exp.and_(*on(stats)), stats, left=True)
+        matches, found = sub.copy(), self._alias()
+        matches.set("order", None)
+        matches.set("where", local and local.copy())
+        matches.set("expressions", [*keys, exp.alias_(value.copy(), "__sf_v")])
+        matches.set("distinct", exp.Distinct())
+        self._join(matches, exp.and_(*on(found), exp.EQ(
+            this=outer.copy(), expression=exp.column("__sf_v", table=found))), found, left=True)
+        n, nulls = exp.column("__sf_n", table=stats), exp.column("__sf_nulls", table=stats)
+        return [exp.Paren(this=exp.or_(
+            exp.Is(this=n, expression=exp.Null()),
+            exp.and_(exp.Not(this=exp.Is(this=outer.copy(), expression=exp.Null())),
+                     exp.EQ(this=nulls, expression=exp.Literal.number(0)),
+                     exp.Is(this=exp.column("__sf_k0", table=found), expression=exp.Null()))))]
 
     def _exists(self, sub: exp.Select, negated: bool) -> list[exp.Expr] | None:
         if sub.args.get("group") or sub.args.get("having") or sub.args.get("limit"):
