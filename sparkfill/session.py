@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 __all__ = ["build_spark_session", "default_parallelism_of", "quiet_python_loggers",
-           "SESSION_CONF", "RUNTIME_CONF", "LOGS_ENV", "REMOTE_ENV"]
+           "quiet_conf", "SESSION_CONF", "RUNTIME_CONF", "LOGS_ENV", "REMOTE_ENV"]
 
 #: Settings applied to every session sparkfill builds.
 SESSION_CONF: dict[str, str] = {
@@ -96,7 +96,7 @@ def build_spark_session(
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(max(1, cores)))
     )
-    for key, value in {**SESSION_CONF, **_quiet_conf(), **(extra_conf or {})}.items():
+    for key, value in {**SESSION_CONF, **quiet_conf(), **(extra_conf or {})}.items():
         builder = builder.config(key, str(value))
     quiet_python_loggers()
     return builder.getOrCreate()
@@ -106,7 +106,7 @@ def build_spark_session(
 LOGS_ENV = "SPARKFILL_SPARK_LOGS"
 
 
-def _quiet_conf() -> dict[str, str]:
+def quiet_conf() -> dict[str, str]:
     """The driver JVM logs errors only (read at its start: no start-up warnings)."""
     if os.environ.get(LOGS_ENV) == "1":
         return {}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyspark
 
-from sparkfill.session import SESSION_CONF
+from sparkfill.session import SESSION_CONF, quiet_conf
 
 #: set to 1 to run the session fixture against a Spark Connect server
 CONNECT_ENV = "SPARKFILL_TEST_CONNECT"
@@ -47,14 +47,13 @@ class ConnectServer:
 
     def __enter__(self) -> ConnectServer:
         spark_home = Path(pyspark.__file__).parent
-        quiet = Path(__import__("sparkfill").__file__).with_name("log4j2-quiet.properties")
         conf = {
             **SESSION_CONF,
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
             "spark.default.parallelism": "2",
             "spark.driver.memory": "2g",
-            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{quiet}",
+            **quiet_conf(),  # the server's JVM logs errors only, as a local session's
         }
         cmd = [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS,
                "--name", "sparkfill-tests-connect", "--master", "local[2]"]

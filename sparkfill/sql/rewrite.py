@@ -143,15 +143,17 @@ def _set_operation_as_groups(node: exp.SetOperation) -> exp.Expr:
             isinstance(i, exp.Star) for i in right.expressions):
         raise SqlError(f"the two queries of {op} must have the same number of columns "
                        f"(named, not *): {len(names)} and {len(right.expressions)}")
+    def side(first: bool) -> list[exp.Expr]:
+        return [exp.alias_(exp.Literal.number(int(first)), _LEFT),
+                exp.alias_(exp.Literal.number(int(not first)), _RIGHT)]
+
     tagged_left: exp.Select = left.copy()
-    tagged_left.select(exp.alias_(exp.Literal.number(1), _LEFT),
-                       exp.alias_(exp.Literal.number(0), _RIGHT), copy=False)
+    tagged_left.select(*side(True), copy=False)
     tagged_right: exp.Select = right.copy()
     tagged_right.set("expressions", [
         exp.alias_(item.unalias().copy(), name) for item, name in zip(
             right.expressions, names, strict=True)])
-    tagged_right.select(exp.alias_(exp.Literal.number(0), _LEFT),
-                        exp.alias_(exp.Literal.number(1), _RIGHT), copy=False)
+    tagged_right.select(*side(False), copy=False)
     both = exp.union(tagged_left, tagged_right, distinct=False)
 
     def tag(name: str) -> exp.Expr:

@@ -146,6 +146,30 @@ class _Correlation:
     pairs: list[tuple[exp.Column, exp.Column]]  # (inner, outer) equalities
     compare: tuple[exp.Column, type[exp.Expr], exp.Column] | None  # inner <op> outer
 
+    def where(self) -> exp.Where | None:
+        """The subquery's own conditions, for a derived table of it."""
+        return exp.Where(this=exp.and_(*[c.copy() for c in self.local])) if self.local else None
+
+    def keys(self) -> list[exp.Expr]:
+        """The inner columns of the equalities, as ``__sf_k<i>``."""
+        return [exp.alias_(i.copy(), f"__sf_k{n}") for n, (i, _) in enumerate(self.pairs)]
+
+    def group(self) -> exp.Group:
+        return exp.Group(expressions=[i.copy() for i, _ in self.pairs])
+
+    def matches(self, alias: str) -> list[exp.Expr]:
+        """The outer columns equal to the keys of the derived table ``alias``."""
+        return [exp.EQ(this=o.copy(), expression=exp.column(f"__sf_k{n}", table=alias))
+                for n, (_, o) in enumerate(self.pairs)]
+
+
+def _counts(value: exp.Expr) -> list[exp.Expr]:
+    """A subquery's rows (``__sf_n``) and its NULL ``value``s (``__sf_nulls``): what
+    ``NOT IN`` needs besides the anti-join."""
+    return [exp.alias_(exp.Count(this=exp.Star()), "__sf_n"),
+            exp.alias_(exp.CountIf(this=exp.Is(this=value, expression=exp.Null())),
+                       "__sf_nulls")]
+
 
 def _correlation(sub: exp.Select, scope: _Scope, allow_compare: bool) -> _Correlation | None:
     """None when a conjunct reads the outer query other than as ``inner = outer``
@@ -254,17 +278,10 @@ class _Rewriter:
         counts = sub.copy()
         counts.set("distinct", None)
         counts.set("order", None)
-        counts.set("expressions", [
-            exp.alias_(exp.Count(this=exp.Star()), "__sf_n"),
-            exp.alias_(exp.CountIf(this=exp.Is(this=value.copy(), expression=exp.Null())),
-                       "__sf_nulls")])
+        counts.set("expressions", _counts(value.copy()))
         if group is not None:  # count the groups' keys: one row per group
-            counts = exp.select(
-                exp.alias_(exp.Count(this=exp.Star()), "__sf_n"),
-                exp.alias_(exp.CountIf(this=exp.Is(this=exp.column("__sf_k0"),
-                                                    expression=exp.Null())), "__sf_nulls"),
-            ).from_(exp.Subquery(this=keys.copy(),
-                                 alias=exp.TableAlias(this=exp.to_identifier("__sf_keys"))))
+            counts = exp.select(*_counts(exp.column("__sf_k0"))).from_(exp.Subquery(
+                this=keys.copy(), alias=exp.TableAlias(this=exp.to_identifier("__sf_keys"))))
         stats = self._alias()
         self._one_row(counts, stats)
         n, nulls = exp.column("__sf_n", table=stats), exp.column("__sf_nulls", table=stats)
@@ -303,29 +320,19 @@ class _Rewriter:
                 *[c.copy() for c in conjuncts(sub.args["where"].this)],
                 exp.EQ(this=value.copy(), expression=outer.copy()))))
             return self._exists(probe, negated=False)
-        local = exp.Where(this=exp.and_(*[c.copy() for c in corr.local])) if corr.local else None
-        keys = [exp.alias_(i.copy(), f"__sf_k{n}") for n, (i, _) in enumerate(corr.pairs)]
-
-        def on(alias: str) -> list[exp.Expr]:
-            return [exp.EQ(this=o.copy(), expression=exp.column(f"__sf_k{n}", table=alias))
-                    for n, (_, o) in enumerate(corr.pairs)]
-
         counts, stats = sub.copy(), self._alias()
         counts.set("distinct", None)
         counts.set("order", None)
-        counts.set("where", local and local.copy())
-        counts.set("expressions", [*[k.copy() for k in keys],
-                                   exp.alias_(exp.Count(this=exp.Star()), "__sf_n"),
-                                   exp.alias_(exp.CountIf(this=exp.Is(
-                                       this=value.copy(), expression=exp.Null())), "__sf_nulls")])
-        counts.set("group", exp.Group(expressions=[i.copy() for i, _ in corr.pairs]))
-        self._join(counts, exp.and_(*on(stats)), stats, left=True)
+        counts.set("where", corr.where())
+        counts.set("expressions", [*corr.keys(), *_counts(value.copy())])
+        counts.set("group", corr.group())
+        self._join(counts, exp.and_(*corr.matches(stats)), stats, left=True)
         matches, found = sub.copy(), self._alias()
         matches.set("order", None)
-        matches.set("where", local and local.copy())
-        matches.set("expressions", [*keys, exp.alias_(value.copy(), "__sf_v")])
+        matches.set("where", corr.where())
+        matches.set("expressions", [*corr.keys(), exp.alias_(value.copy(), "__sf_v")])
         matches.set("distinct", exp.Distinct())
-        self._join(matches, exp.and_(*on(found), exp.EQ(
+        self._join(matches, exp.and_(*corr.matches(found), exp.EQ(
             this=outer.copy(), expression=exp.column("__sf_v", table=found))), found, left=True)
         n, nulls = exp.column("__sf_n", table=stats), exp.column("__sf_nulls", table=stats)
         return [exp.Paren(this=exp.or_(
@@ -345,9 +352,8 @@ class _Rewriter:
         derived = sub.copy()
         derived.set("order", None)
         derived.set("distinct", None)
-        derived.set("where", exp.Where(this=exp.and_(*[c.copy() for c in corr.local]))
-                    if corr.local else None)
-        keys = [exp.alias_(i.copy(), f"__sf_k{n}") for n, (i, _) in enumerate(corr.pairs)]
+        derived.set("where", corr.where())
+        keys = corr.keys()
         test: exp.Expr | None = None
         aggs: list[exp.Expr] = []
         if corr.compare is not None:
@@ -371,12 +377,10 @@ class _Rewriter:
             assert test is not None
             return [exp.Not(this=test) if negated else test]
         if aggs:
-            derived.set("group", exp.Group(expressions=[i.copy() for i, _ in corr.pairs]))
+            derived.set("group", corr.group())
         else:
             derived.set("distinct", exp.Distinct())
-        on = exp.and_(*[exp.EQ(this=o.copy(), expression=exp.column(f"__sf_k{n}", table=alias))
-                        for n, (_, o) in enumerate(corr.pairs)])
-        self._join(derived, on, alias, left=negated)
+        self._join(derived, exp.and_(*corr.matches(alias)), alias, left=negated)
         if not negated:
             return [] if test is None else [test]
         if test is None:
@@ -414,17 +418,14 @@ class _Rewriter:
         projection = sub.expressions[0].unalias()
         derived = sub.copy()
         derived.set("order", None)
-        derived.set("where", exp.Where(this=exp.and_(*[c.copy() for c in corr.local]))
-                    if corr.local else None)
+        derived.set("where", corr.where())
         value = exp.column("__sf_v", table=alias)
-        keys = [exp.alias_(i.copy(), f"__sf_k{n}") for n, (i, _) in enumerate(corr.pairs)]
-        derived.set("expressions", [*keys, exp.alias_(projection.copy(), "__sf_v")])
+        derived.set("expressions", [*corr.keys(), exp.alias_(projection.copy(), "__sf_v")])
         if not corr.pairs:
             self._one_row(derived, alias)
             return value
-        derived.set("group", exp.Group(expressions=[i.copy() for i, _ in corr.pairs]))
-        on = exp.and_(*[exp.EQ(this=o.copy(), expression=exp.column(f"__sf_k{n}", table=alias))
-                        for n, (_, o) in enumerate(corr.pairs)])
+        derived.set("group", corr.group())
+        on = exp.and_(*corr.matches(alias))
         null_if_empty = _null_over_no_rows(projection)
         # compared in a conjunct, a NULL drops the row: a group without rows (NULL)
         # and no group at all (no row) are then the same
