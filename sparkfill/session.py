@@ -45,6 +45,10 @@ SESSION_CONF: dict[str, str] = {
     "spark.ui.retainedStages": "200",
     "spark.ui.retainedTasks": "5000",
     "spark.ui.dagGraph.retainedRootRDDs": "200",
+    # an epoch's queries compile about 160 generated classes, the same ones every
+    # epoch; Spark's cache of compiled classes holds 100 by default, so each epoch
+    # evicted the last one's and compiled them all again (~0.5 s of an epoch)
+    "spark.sql.codegen.cache.maxEntries": "1000",
 }
 
 #: The settings of ``SESSION_CONF`` a Spark Connect client may set on its session

@@ -263,7 +263,8 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
         old = store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
                            first_keys=first_keys).select(*cols)
     else:
-        old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys).join(
+        old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
+                             vnode_rows=False).join(
             F.broadcast(keys), key, "left_semi").select(*cols)
         store.spark_jobs += 1  # the broadcast of the keys
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)

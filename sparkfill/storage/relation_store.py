@@ -241,6 +241,7 @@ class RelationStore:
         files: Sequence[DataFile] | None = None,
         first_keys: Sequence[Any] | None = None,
         where: SparkColumn | None = None,
+        vnode_rows: bool = True,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -250,7 +251,9 @@ class RelationStore:
         whose key range holds none of them are skipped too (the caller still
         filters the rows by its keys). ``where``: a narrow filter of the rows (a
         lookup of a few keys); base and log rows then merge in the read's own job,
-        not through a broadcast of the log's keys."""
+        not through a broadcast of the log's keys. ``vnode_rows=False``: ``vnodes``
+        select files only (a lookup by keys, whose rows lie in their own vnodes: a
+        row filter by vnode would repeat the key filter at a cost)."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
         if first_keys is not None:
@@ -265,7 +268,8 @@ class RelationStore:
             wanted = sorted(set(vnodes))
             selected = [f for f in selected
                         if any(f.vnode_min <= v <= f.vnode_max for v in wanted)]
-            cond = cond & (vnode_in(wanted) if wanted else F.lit(False))
+            if vnode_rows or not wanted:
+                cond = cond & (vnode_in(wanted) if wanted else F.lit(False))
         if where is not None:
             cond = cond & where
         out_cols = [*rel.column_names, VNODE]
@@ -301,10 +305,11 @@ class RelationStore:
             where = values_in(column, keys)
             if where is not None:
                 return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys,
-                                     where=where)
+                                     where=where, vnode_rows=False)
             keys = self.spark.createDataFrame([(k,) for k in keys], [column])
         self.spark_jobs += 1  # the broadcast of the keys
-        return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys).join(
+        return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys,
+                             vnode_rows=False).join(
             F.broadcast(keys.select(column)), column, "left_semi")
 
     def changelog(self, rel: StoredRelation, after_epoch: int, upto_epoch: int) -> DataFrame:
