@@ -373,8 +373,10 @@ UNSUPPORTED = [
     ),
     ("window_grouped", "SELECT cust, rank() OVER (ORDER BY count(*)) AS r FROM orders "
      "GROUP BY cust", ("groups",)),
-    ("session", "SELECT cust, count(*) AS n FROM orders GROUP BY cust, "
-     "session_window(ts, '5 seconds')", ("session",)),
+    ("session", "SELECT cust, session_window(ts, '5 seconds') AS w FROM orders",
+     ("session_window", "GROUP BY")),
+    ("session_join", "SELECT o.cust, count(*) AS n FROM orders o JOIN orders p ON o.id = p.id "
+     "GROUP BY o.cust, session_window(o.ts, '5 seconds')", ("session", "derived table")),
     (
         "subquery",
         "SELECT order_id FROM orders WHERE amount > (SELECT amount FROM orders o "

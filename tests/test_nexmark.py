@@ -14,9 +14,9 @@ from sparkfill import Engine
 from sparkfill.errors import UnsupportedQuery
 
 #: the subset CI runs: a top-1 per auction over a join with a time condition
-#: (row_number), a tumbling window's maximum joined back, and a join on an expression
-#: of one side
-CI_QUERIES = ["q9", "q7", "q13"]
+#: (row_number), a tumbling window's maximum joined back, a join on an expression
+#: of one side, and session windows
+CI_QUERIES = ["q9", "q7", "q13", "q11"]
 
 
 def test_nexmark_acceptance_is_what_the_docs_say(engine):

@@ -15,7 +15,11 @@ from pyspark.sql import types as T
 from sqlglot import exp
 
 from sparkfill.errors import UnsupportedQuery
-from sparkfill.sql.rewrite import rewrite_query, time_windows_to_derived
+from sparkfill.sql.rewrite import (
+    rewrite_query,
+    session_windows_to_derived,
+    time_windows_to_derived,
+)
 
 COLUMNS = {"orders": ["o_orderkey", "o_custkey"], "lineitem": ["l_orderkey", "l_qty"],
            "t": ["id", "k", "v"], "d": ["k", "name"]}
@@ -236,3 +240,42 @@ def test_tumble_and_hop_are_the_windows_spark_computes(spark):
                 "SELECT * FROM TUMBLE(tw, ts, INTERVAL '1' MONTH)", read="spark"))
     finally:
         spark.catalog.dropTempView("tw")
+
+
+def test_session_windows_are_the_sessions_spark_computes(spark):
+    """``GROUP BY p, session_window(ts, gap)`` rewritten over window functions gives
+    the sessions Spark's own ``session_window`` does: per group, rows apart by at
+    most the gap share a session (exactly the gap apart included), equal times share
+    one; NULL times and NULL groups; ``start``/``end`` and the whole struct; a WHERE
+    applied before the sessions form; no other group column at all."""
+    rng = random.Random(11)
+    rows = []
+    for i in range(300):
+        g = rng.choice([1, 2, 3, None])
+        us = None if rng.random() < 0.05 else rng.choice(
+            [rng.randrange(0, 120) * 5_000_000, rng.randrange(0, 600_000_000)])
+        rows.append((i, g, us, rng.randrange(0, 100)))
+    spark.createDataFrame(rows, "id INT, g INT, us BIGINT, v INT").selectExpr(
+        "id", "g", "timestamp_micros(us) AS ts", "v").createOrReplaceTempView("sw")
+    try:
+        for sql in [
+            "SELECT g, count(*) AS n, sum(v) AS sv, session_window.start AS s, "
+            "session_window.end AS e FROM sw GROUP BY g, session_window(ts, '10 seconds')",
+            "SELECT g, session_window AS w, max(v) AS mv FROM sw WHERE v % 3 <> 0 "
+            "GROUP BY g, session_window(ts, '5 seconds')",
+            "SELECT count(*) AS n, session_window.end AS e FROM sw x "
+            "GROUP BY session_window(x.ts, '1 minute') HAVING count(*) > 1",
+        ]:
+            ours = session_windows_to_derived(sqlglot.parse_one(sql, read="spark"))
+            assert "session_window(" not in ours.sql(dialect="spark").lower()
+            assert_same_rows(spark.sql(ours.sql(dialect="spark")), spark.sql(sql), label=sql)
+        with pytest.raises(UnsupportedQuery, match="one table or derived table"):
+            session_windows_to_derived(sqlglot.parse_one(
+                "SELECT a.g, count(*) FROM sw a JOIN sw b ON a.id = b.id "
+                "GROUP BY a.g, session_window(a.ts, '10 seconds')", read="spark"))
+        with pytest.raises(UnsupportedQuery, match="fixed length"):
+            session_windows_to_derived(sqlglot.parse_one(
+                "SELECT count(*) FROM sw GROUP BY session_window(ts, '1 month')",
+                read="spark"))
+    finally:
+        spark.catalog.dropTempView("sw")

@@ -455,10 +455,10 @@ def _check_shape(query: exp.Expr) -> exp.Query:
                 names.add(str(node.name).lower())
             if "session_window" in names or ("window" in names and len(node.expressions) > 2):
                 raise UnsupportedQuery(
-                    f"{node.sql(dialect='spark')}: Spark's session and sliding window() "
-                    "are not supported (a session grows and merges with the data); for "
-                    "tumbling and hopping windows use TUMBLE(t, col, size) or HOP(t, col, "
-                    "slide, size) in FROM")
+                    f"{node.sql(dialect='spark')}: Spark's sliding window(), and "
+                    "session_window() anywhere but as a GROUP BY item, are not supported; "
+                    "for tumbling and hopping windows use TUMBLE(t, col, size) or HOP(t, "
+                    "col, slide, size) in FROM")
             bad = names & NONDETERMINISTIC
             if bad:
                 raise UnsupportedQuery(
@@ -883,9 +883,18 @@ def _plan_window(spark: SparkSession, scope: _Scope, select: exp.Select,
     gets which number is arbitrary in SQL; an MV must choose the same way each
     time it recomputes a partition."""
     windows = [w for i in items for w in i.find_all(exp.Window)]
-    if any(name == WINDOW_PART for name, _, _ in row_key_exprs):
-        raise UnsupportedQuery("window functions over the rows of another query's window "
-                               "functions are not supported; join the two instead")
+    # over the rows of another query's window functions (a link keyed by its own
+    # partition and row key): that partition column is part of the row key, renamed
+    # beside this query's own
+    used = {name for name, _, _ in row_key_exprs}
+    renamed: list[tuple[str, str, str | None]] = []
+    for name, sql, type_ in row_key_exprs:
+        if name == WINDOW_PART:
+            while name in used:
+                name += "_up"
+            used.add(name)
+        renamed.append((name, sql, type_))
+    row_key_exprs = renamed
     row_exprs: list[tuple[str, exp.Expr]] = []
     part_cols: list[str] = []
     for n, p in enumerate(windows[0].args.get("partition_by") or []):

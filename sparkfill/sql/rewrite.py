@@ -32,6 +32,16 @@ plan is built from the rewritten tree.
   with the fixed-size window (aligned to the Unix epoch) its ``col`` falls in;
   ``HOP(t, col, slide, size)`` is a UNION ALL of one such projection per window a
   row falls in.
+- ``GROUP BY p..., session_window(col, gap)`` (Spark's session windows: per group,
+  rows ordered by ``col`` form one session while each follows the one before by at
+  most ``gap``; a session spans its first time to its last time + ``gap``) is a
+  grouped query over two derived tables of window functions: a row starts a
+  session when the row before it in its group (``lag``) is more than ``gap``
+  earlier; its session's start is the latest start at or before it (a running
+  ``max``). The query then groups by ``p...`` and that start; ``session_window.start``
+  is the start, ``session_window.end`` is ``max(col) + gap``. A row whose ``col``
+  is NULL is in no session. A late row changes only the sessions of its group
+  around it (a session is named by its start, not numbered).
 - Subqueries in ``WHERE``, ``HAVING`` and the SELECT list become joins with derived
   tables (``subqueries.py``), innermost first.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
@@ -55,13 +65,16 @@ from ..errors import SqlError, UnsupportedQuery
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
 from .subqueries import decorrelate
 
-__all__ = ["rewrite_query", "time_windows_to_derived", "ColumnsOf", "conjuncts", "has_star"]
+__all__ = ["rewrite_query", "time_windows_to_derived", "session_windows_to_derived",
+           "ColumnsOf", "conjuncts", "has_star"]
 
 
 def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
-    query = _merge_derived_tables(time_windows_to_derived(_inline_ctes(query.copy())), columns_of)
+    query = _merge_derived_tables(
+        session_windows_to_derived(time_windows_to_derived(_inline_ctes(query.copy()))),
+        columns_of)
     _drop_order(query)
     query = _union_to_distinct(query)
     query = _intersect_except_to_groups(query)
@@ -209,8 +222,8 @@ def time_windows_to_derived(query: exp.Expr) -> exp.Expr:
             continue
         kind = str(func.name).upper()
         if kind == "SESSION":
-            raise UnsupportedQuery("SESSION windows are not supported (a session grows and "
-                                   "merges with the data); use TUMBLE or HOP")
+            raise UnsupportedQuery("SESSION(...) in FROM is not supported; group by "
+                                   "Spark's session_window(col, gap) instead")
         if kind not in ("TUMBLE", "HOP"):
             continue
         args = func.expressions
@@ -243,6 +256,100 @@ def time_windows_to_derived(query: exp.Expr) -> exp.Expr:
         table.replace(exp.Subquery(this=body,
                                    alias=exp.TableAlias(this=exp.to_identifier(alias))))
     return query
+
+
+#: the columns a session window adds to its rows (in the derived tables)
+_SESSION_NEW, _SESSION_START = "__sf_session_new", "__sf_session_start"
+
+
+def session_windows_to_derived(query: exp.Expr) -> exp.Expr:
+    """Every query grouped by ``session_window(col, gap)`` as a query grouped by the
+    session's start over derived tables that compute it (see above)."""
+    for select in reversed(list(query.find_all(exp.Select))):  # innermost first
+        group = select.args.get("group")
+        items = list(group.expressions) if group is not None else []
+        sessions = [g for g in items if _is_session_window(g)]
+        if not sessions:
+            continue
+        grouped = _session_grouped(select, sessions, items)
+        if select is query:
+            query = grouped
+        else:
+            select.replace(grouped)
+    return query
+
+
+def _is_session_window(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Anonymous) and str(node.name).lower() == "session_window"
+
+
+def _session_grouped(select: exp.Select, sessions: list[exp.Expr],
+                     items: list[exp.Expr]) -> exp.Select:
+    text = sessions[0].sql(dialect="spark")
+    if len(sessions) > 1:
+        raise UnsupportedQuery(f"a query may group by one session_window, not {len(sessions)}")
+    args = sessions[0].expressions
+    if len(args) != 2 or not isinstance(args[0], exp.Column):
+        raise UnsupportedQuery(f"{text}: session_window takes a timestamp column and a gap: "
+                               "session_window(date_time, '10 seconds')")
+    gap_node = args[1]
+    if isinstance(gap_node, exp.Literal) and gap_node.is_string:
+        gap_node = sqlglot.parse_one(f"INTERVAL '{gap_node.name}'", read="spark")
+    gap = _interval_micros(gap_node)
+    from_ = select.args.get("from_") or select.args.get("from")
+    if from_ is None or select.args.get("joins") or not isinstance(
+            from_.this, exp.Table | exp.Subquery) or isinstance(from_.this.this, exp.Func):
+        raise UnsupportedQuery(f"{text}: a session window groups the rows of one table or "
+                               "derived table; put a join in a derived table first")
+    partition = [g for g in items if g is not sessions[0]]
+    if not all(isinstance(g, exp.Column) for g in partition):
+        raise UnsupportedQuery(f"{text}: the other GROUP BY items of a session window must "
+                               "be columns (compute expressions in a derived table)")
+    source = from_.this
+    alias = source.alias_or_name
+    q = exp.to_identifier
+    col = q(args[0].name, quoted=True).sql("spark")
+    over_by = ", ".join(q(g.name, quoted=True).sql("spark") for g in partition)
+    over = (f"PARTITION BY {over_by} " if over_by else "") + f"ORDER BY {col}"
+    where = select.args.get("where")
+    conds = [f"{col} IS NOT NULL"] + ([f"({where.this.sql(dialect='spark')})"]
+                                     if where is not None else [])
+    starts = (f"SELECT *, CASE WHEN unix_micros({col}) - unix_micros(lag({col}) OVER ({over})) "
+              f"<= {gap} THEN 0 ELSE 1 END AS {_SESSION_NEW} "
+              f"FROM {source.sql(dialect='spark')} WHERE {' AND '.join(conds)}")
+    sessions_sql = (f"SELECT *, max(CASE WHEN {_SESSION_NEW} = 1 THEN {col} END) OVER ({over} "
+                    f"ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS {_SESSION_START} "
+                    f"FROM ({starts}) AS __sf_session_rows")
+    out = select.copy()
+    out.set("where", None)
+    out.set("from_" if "from_" in select.args else "from", exp.From(this=exp.Subquery(
+        this=sqlglot.parse_one(sessions_sql, read="spark"),
+        alias=exp.TableAlias(this=q(alias)))))
+    new_items = [exp.column(_SESSION_START, table=alias) if _is_session_window(g) else g.copy()
+                 for g in out.args["group"].expressions]
+    out.args["group"].set("expressions", new_items)
+    start = exp.column(_SESSION_START, table=alias)
+    end = sqlglot.parse_one(f"timestamp_micros(unix_micros(max({alias}.{col})) + {gap})",
+                            read="spark")
+    struct = exp.Anonymous(this="named_struct", expressions=[
+        exp.Literal.string("start"), start.copy(), exp.Literal.string("end"), end.copy()])
+
+    def replace(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Column) and node.table.lower() == "session_window" \
+                and node.name.lower() in ("start", "end"):
+            return (start if node.name.lower() == "start" else end).copy()
+        if isinstance(node, exp.Column) and not node.table \
+                and node.name.lower() == "session_window":
+            return struct.copy()
+        return node
+
+    for key in ("expressions", "having"):
+        value = out.args.get(key)
+        if isinstance(value, list):
+            out.set(key, [e.transform(replace) for e in value])
+        elif value is not None:
+            out.set(key, value.transform(replace))
+    return out
 
 
 def _interval_micros(node: exp.Expr) -> int:
