@@ -48,7 +48,7 @@ from .planner import (
     plan_materialized_view,
     rewrite_top_n,
 )
-from .sql_tree import ColumnsOf, conjuncts, sources_of
+from .sql_tree import ColumnsOf, conjuncts, set_from, sources_of
 
 __all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
 
@@ -211,9 +211,8 @@ def split_joins(select: exp.Select, mv_name: str, columns_of: ColumnsOf,
     for item in top.expressions:  # keep each output's name
         if not isinstance(item, exp.Alias):
             item.replace(exp.alias_(item.copy(), item.alias_or_name, quoted=True))
-    top.set("from_" if "from_" in top.args else "from", exp.From(this=exp.Table(
-        this=exp.to_identifier(internal_name(mv_name, last - 1)),
-        alias=exp.TableAlias(this=exp.to_identifier("__j")))))
+    set_from(top, exp.Table(this=exp.to_identifier(internal_name(mv_name, last - 1)),
+                            alias=exp.TableAlias(this=exp.to_identifier("__j"))))
     top.set("joins", [joins[-1].copy()])
     top.set("where", exp.Where(this=exp.and_(*[c.copy() for c in kept])) if kept else None)
     final = rewrite(top, last)

@@ -62,7 +62,15 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
 from ..errors import SqlError, UnsupportedQuery
-from .sql_tree import ColumnsOf, conjuncts, from_of, has_star, source_columns, sources_of
+from .sql_tree import (
+    ColumnsOf,
+    conjuncts,
+    from_of,
+    has_star,
+    set_from,
+    source_columns,
+    sources_of,
+)
 from .subqueries import decorrelate
 
 __all__ = ["rewrite_query", "time_windows_to_derived", "session_windows_to_derived",
@@ -296,7 +304,7 @@ def _session_grouped(select: exp.Select, sessions: list[exp.Expr],
     if isinstance(gap_node, exp.Literal) and gap_node.is_string:
         gap_node = sqlglot.parse_one(f"INTERVAL '{gap_node.name}'", read="spark")
     gap = _interval_micros(gap_node)
-    from_ = select.args.get("from_") or select.args.get("from")
+    from_ = from_of(select)
     if from_ is None or select.args.get("joins") or not isinstance(
             from_.this, exp.Table | exp.Subquery) or isinstance(from_.this.this, exp.Func):
         raise UnsupportedQuery(f"{text}: a session window groups the rows of one table or "
@@ -322,9 +330,8 @@ def _session_grouped(select: exp.Select, sessions: list[exp.Expr],
                     f"FROM ({starts}) AS __sf_session_rows")
     out = select.copy()
     out.set("where", None)
-    out.set("from_" if "from_" in select.args else "from", exp.From(this=exp.Subquery(
-        this=sqlglot.parse_one(sessions_sql, read="spark"),
-        alias=exp.TableAlias(this=q(alias)))))
+    set_from(out, exp.Subquery(this=sqlglot.parse_one(sessions_sql, read="spark"),
+                               alias=exp.TableAlias(this=q(alias))))
     new_items = [exp.column(_SESSION_START, table=alias) if _is_session_window(g) else g.copy()
                  for g in out.args["group"].expressions]
     out.args["group"].set("expressions", new_items)

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 from sqlglot import exp
 
-__all__ = ["ColumnsOf", "conjuncts", "has_star", "from_of", "sources_of", "source_columns"]
+__all__ = ["ColumnsOf", "conjuncts", "has_star", "from_of", "set_from", "sources_of",
+           "source_columns"]
 
 #: a relation's column names by relation name (None: unknown relation)
 ColumnsOf = Callable[[str], Sequence[str] | None]
@@ -32,6 +33,11 @@ def has_star(select: exp.Select) -> bool:
 def from_of(select: exp.Select) -> exp.From | None:
     """The FROM clause (sqlglot names its argument ``from_`` or ``from`` by version)."""
     return select.args.get("from_") or select.args.get("from")
+
+
+def set_from(select: exp.Select, source: exp.Expr) -> None:
+    """Replace the FROM clause of ``select`` with ``source`` (same naming as ``from_of``)."""
+    select.set("from_" if "from_" in select.args else "from", exp.From(this=source))
 
 
 def sources_of(select: exp.Select) -> list[exp.Expr]:
