@@ -38,6 +38,31 @@ def test_new_warehouse_starts_at_epoch_zero(engine):
     assert rep.changes.get("kv") == 1
 
 
+def test_keys_staged_by_the_driver_spare_the_epoch_the_job_that_finds_them(engine, spark):
+    """Rows given as Python values are staged by the driver, which notes their keys
+    in the staged file: the epoch looks up the old rows of those keys without a job
+    to find them. A batch staged by Spark (a DataFrame) has no such note, and an
+    epoch with one finds the keys of all its batches by a job; both are exact."""
+    engine.sql(KV)
+    model = TableModel(KV_COLS, key="id")
+
+    def apply(rows, deletes, as_frame=False):
+        engine.insert("kv", spark.createDataFrame(rows, "id bigint, v bigint, tag string")
+                      if as_frame else rows)
+        engine.delete("kv", [{"id": k} for k in deletes])
+        model.insert(rows)
+        model.delete([{"id": k} for k in deletes])
+        model.step()
+        report = engine.step()
+        assert_rows_equal(engine.read("kv"), model.rows(), label=f"kv at {report.epoch}")
+        return report
+
+    apply(kv_rows(range(1, 50)), [])
+    listed = apply(kv_rows([3, 70], v_of=lambda k: 5), [4, 99])
+    framed = apply(kv_rows([5, 71], v_of=lambda k: 6), [6, 98], as_frame=True)
+    assert framed.spark_jobs == listed.spark_jobs + 1, (listed.spark_jobs, framed.spark_jobs)
+
+
 @pytest.mark.connect
 def test_dml_applies_in_call_order_within_epoch(engine, spark):
     engine.sql(KV)

@@ -21,8 +21,14 @@ COLUMNS = (Column("id", "bigint", False), Column("v", "string", True))
 KEY = ("id",)
 
 
-@pytest.fixture
-def store(tmp_path: Path, spark):
+@pytest.fixture(params=["driver", "executors"])
+def store(request, tmp_path: Path, spark, monkeypatch):
+    """A store whose appends are written by the driver (small Δs, as the epoch loop
+    writes them) or by Spark's executors (large Δs): every test runs both ways."""
+    import sparkfill.storage.relation_store as relation_store
+
+    if request.param == "executors":
+        monkeypatch.setattr(relation_store, "LOCAL_WRITE_ROWS", -1)
     meta = MetaStore(tmp_path / "meta.sqlite")
     st_ = RelationStore(spark, tmp_path / "relations", meta, target_file_rows=40,
                         max_log_files=1000, min_compact_rows=10**9)

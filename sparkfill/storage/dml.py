@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -204,6 +205,7 @@ class DmlStager:
             table = table.append_column(SEQ, pa.array([seq] * count, pa.int64()))
             table = table.append_column(IDX, pa.array(range(count), pa.int64()))
             table = table.append_column(KIND, pa.array([kind] * count, pa.string()))
+            table = table.replace_schema_metadata(_first_keys_metadata(rel, table))
             path = self.dir / f"{name}.parquet"
             tmp = self.dir / f".{name}.tmp"
             pq.write_table(table, tmp)
@@ -248,15 +250,23 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
     # the old rows of the touched keys: only the files of their vnodes are read, and
     # of those, for a batch of at most LOOKUP_KEYS keys, only the files whose key range
-    # holds one (new keys above the table's range read nothing)
+    # holds one (new keys above the table's range read nothing); keys the driver
+    # staged are known from the files' footers, the others found by a job
     keys = latest.select(*key)
-    if sum(b.rows for b in batches) <= LOOKUP_KEYS:
+    vnodes: Sequence[int] | None
+    first_keys: list[Any] | None
+    known = _staged_first_keys(batches)
+    if known is not None:
+        # staged from the driver, which noted the keys in the files: no job to find them
+        vnodes, first_keys = None, known
+    elif sum(b.rows for b in batches) <= LOOKUP_KEYS:
         found = keys.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
         vnodes = sorted({int(r[0]) for r in found})
-        first_keys: list[Any] | None = sorted({r[1] for r in found if r[1] is not None})
+        first_keys = sorted({r[1] for r in found if r[1] is not None})
+        store.spark_jobs += 1  # the touched keys' collect
     else:
         vnodes, first_keys = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key))), None
-    store.spark_jobs += 1  # the touched keys' collect
+        store.spark_jobs += 1  # the touched vnodes' collect
     if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
@@ -271,3 +281,36 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     return consolidate(old, new, cols, key)
 
 
+#: the footer entry of a staged file that lists its batch's first-key values
+FIRST_KEYS = b"sparkfill.first_keys"
+
+
+def _first_keys_metadata(rel: Relation, table: pa.Table) -> dict[bytes, bytes]:
+    """The sorted distinct values of a one-column key of integers or strings, for the
+    staged file's footer, when there are at most ``KEY_VALUES`` (none otherwise)."""
+    if len(rel.key) != 1:
+        return {}
+    column = table[rel.key[0]]
+    if not (pa.types.is_integer(column.type) or pa.types.is_string(column.type)):
+        return {}
+    values = pc.unique(column).drop_null()
+    if len(values) > KEY_VALUES:
+        return {}
+    return {FIRST_KEYS: json.dumps(sorted(values.to_pylist())).encode()}
+
+
+def _staged_first_keys(batches: Sequence[StagedBatch]) -> list[Any] | None:
+    """The first-key values of ``batches`` from their files' footers (sorted); None
+    when a batch did not note them (staged by Spark, or too many keys)."""
+    found: set[Any] = set()
+    for b in batches:
+        path = Path(b.path)
+        if not path.is_file():
+            return None
+        metadata = pq.read_schema(path).metadata or {}
+        if FIRST_KEYS not in metadata:
+            return None
+        found.update(json.loads(metadata[FIRST_KEYS]))
+    if len(found) > KEY_VALUES:
+        return None
+    return sorted(found)

@@ -11,8 +11,9 @@ Invariants:
 - ``append(e, Δ)`` is idempotent: the commit records ``e`` as a Delta application
   transaction, and a retried append of ``e`` is skipped. An append is one Spark
   job: the rows per ``_op`` and the vnodes it touched are observed while it is
-  written, and the epoch reads its Δ back from the written files (a plan of
-  one leaf, nothing cached). An empty Δ commits nothing.
+  written (a small Δ is brought to the driver as Arrow and written there, a large
+  one by the executors), and the epoch reads its Δ back from the written files (a
+  plan of one leaf, nothing cached). An empty Δ commits nothing.
 - Compaction swaps all files for new base files in one Delta commit.
 - Every file written is registered as pending before Spark writes it, so a crash
   leaves nothing that recovery cannot find and remove.
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
@@ -61,6 +63,10 @@ APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
 #: (observed in its write), so the lookups they drive are filters, not broadcast jobs
 KEY_VALUES = 10_000
+#: a Δ expected to hold at most this many rows is brought to the driver as Arrow and
+#: written there (still one Spark job, without Spark's file-commit protocol, which
+#: costs more than the rows of a small Δ); a larger one is written by the executors
+LOCAL_WRITE_ROWS = 20_000
 LIVE_OPS = ("+", "U+")
 BEFORE_OPS = ("-", "U-")
 OPS = ("+", "-", "U-", "U+")
@@ -374,6 +380,47 @@ class RelationStore:
                                      now_ms, True, json.dumps(stats, default=str)))
         return actions
 
+    def _write_local(self, rel: StoredRelation, df: DataFrame, subdir: str,
+                     key_column: str | None,
+                     ) -> tuple[list[AddAction | RemoveAction],
+                                tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None]]:
+        """Write a small ``df`` as the driver: one Spark job brings its rows as Arrow,
+        sorted by ``(_vnode, key)`` here and written as Parquet files of at most
+        ``target_file_rows`` rows under ``subdir`` (none when it is empty). Returns
+        their add actions and, as ``_observed``, its rows per ``_op``, its vnodes and
+        the distinct values of ``key_column``."""
+        fields = physical_struct(rel.columns).fields
+        table = df.selectExpr(*[_cast_sql(f) for f in fields]).toArrow()
+        self.spark_jobs += 1
+        if not table.num_rows:
+            return [], ({}, (), None)
+        table = table.cast(physical_arrow_schema(rel.columns)).sort_by(
+            [(VNODE, "ascending"), *[(k, "ascending") for k in rel.key]])
+        ops = {str(v["values"]): int(v["counts"])
+               for v in pc.value_counts(table[OP]).to_pylist()}
+        counts = {op: ops[op] for op in OPS if ops.get(op)}
+        vnodes = tuple(sorted(int(v) for v in pc.unique(table[VNODE]).to_pylist()))
+        keys: tuple[Any, ...] | None = None
+        # key values as Spark would collect them: not timestamps (time zones differ)
+        if key_column is not None and not pa.types.is_timestamp(table[key_column].type):
+            distinct = pc.unique(table[key_column]).to_pylist()
+            keys = tuple(distinct) if len(distinct) <= KEY_VALUES else None
+        table_path = self.path(rel)
+        out = table_path / subdir
+        self.meta.add_pending_dir(rel.id, str(out))
+        out.mkdir(parents=True, exist_ok=True)
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = []
+        n_files = max(1, math.ceil(table.num_rows / self.target_file_rows))
+        per_file = math.ceil(table.num_rows / n_files)
+        for i in range(n_files):
+            part = out / f"part-{i:05d}-{uuid.uuid4().hex}.snappy.parquet"
+            pq.write_table(table.slice(i * per_file, per_file), part, compression="snappy")
+            stats = _file_stats(part, [VNODE, EPOCH, rel.key[0]])
+            actions.append(AddAction(str(part.relative_to(table_path)), part.stat().st_size,
+                                     {}, now_ms, True, json.dumps(stats, default=str)))
+        return actions, (counts, vnodes, keys)
+
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
                rows_hint: int, collect_keys: bool = False) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
@@ -387,12 +434,17 @@ class RelationStore:
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
             return self._appended(rel, epoch, int(dt.version()), collect_keys)
         subdir = f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
-        observation = Observation(f"sf_append_{uuid.uuid4().hex}")
         # the set is collected whole: only for a Δ expected small
         key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
-        actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
-                                    rows_hint, observation=observation, key_column=key_column)
-        counts, vnodes, keys = _observed(observation.get)
+        rows_df = delta.withColumn(EPOCH, F.lit(epoch))
+        if rows_hint <= LOCAL_WRITE_ROWS:
+            actions, (counts, vnodes, keys) = self._write_local(rel, rows_df, subdir,
+                                                                key_column)
+        else:
+            observation = Observation(f"sf_append_{uuid.uuid4().hex}")
+            actions = self._write_files(rel, rows_df, subdir, rows_hint,
+                                        observation=observation, key_column=key_column)
+            counts, vnodes, keys = _observed(observation.get)
         out = self.path(rel) / subdir
         if not sum(counts.values()):
             shutil.rmtree(out, ignore_errors=True)
