@@ -376,8 +376,7 @@ class RelationStore:
             stats = (_observed_stats(observation.get, [VNODE, EPOCH, first_key])
                      if observation is not None and len(parts) == 1
                      else _file_stats(part, [VNODE, EPOCH, first_key]))
-            actions.append(AddAction(str(part.relative_to(table_path)), part.stat().st_size, {},
-                                     now_ms, True, json.dumps(stats, default=str)))
+            actions.append(_add_action(table_path, part, stats, now_ms))
         return actions
 
     def _write_local(self, rel: StoredRelation, df: DataFrame, subdir: str,
@@ -396,15 +395,13 @@ class RelationStore:
             return [], ({}, (), None)
         table = table.cast(physical_arrow_schema(rel.columns)).sort_by(
             [(VNODE, "ascending"), *[(k, "ascending") for k in rel.key]])
-        ops = {str(v["values"]): int(v["counts"])
-               for v in pc.value_counts(table[OP]).to_pylist()}
-        counts = {op: ops[op] for op in OPS if ops.get(op)}
-        vnodes = tuple(sorted(int(v) for v in pc.unique(table[VNODE]).to_pylist()))
-        keys: tuple[Any, ...] | None = None
-        # key values as Spark would collect them: not timestamps (time zones differ)
+        ops = {v["values"]: v["counts"] for v in pc.value_counts(table[OP]).to_pylist()}
+        # the values _delta_metrics would observe; key values as Spark would collect
+        # them: not timestamps (time zones differ)
+        values: dict[str, Any] = {f"op{i}": ops.get(op) for i, op in enumerate(OPS)}
+        values["vnodes"] = pc.unique(table[VNODE]).to_pylist()
         if key_column is not None and not pa.types.is_timestamp(table[key_column].type):
-            distinct = pc.unique(table[key_column]).to_pylist()
-            keys = tuple(distinct) if len(distinct) <= KEY_VALUES else None
+            values["key_values"] = pc.unique(table[key_column]).to_pylist()
         table_path = self.path(rel)
         out = table_path / subdir
         self.meta.add_pending_dir(rel.id, str(out))
@@ -416,10 +413,9 @@ class RelationStore:
         for i in range(n_files):
             part = out / f"part-{i:05d}-{uuid.uuid4().hex}.snappy.parquet"
             pq.write_table(table.slice(i * per_file, per_file), part, compression="snappy")
-            stats = _file_stats(part, [VNODE, EPOCH, rel.key[0]])
-            actions.append(AddAction(str(part.relative_to(table_path)), part.stat().st_size,
-                                     {}, now_ms, True, json.dumps(stats, default=str)))
-        return actions, (counts, vnodes, keys)
+            actions.append(_add_action(table_path, part,
+                                       _file_stats(part, [VNODE, EPOCH, rel.key[0]]), now_ms))
+        return actions, _observed(values)
 
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
                rows_hint: int, collect_keys: bool = False) -> Appended | None:
@@ -581,6 +577,12 @@ def _observed(values: dict[str, Any],
     return ({op: n for op, n in counts.items() if n},
             tuple(sorted(int(v) for v in values.get("vnodes") or ())),
             None if keys is None or len(keys) > KEY_VALUES else tuple(keys))
+
+
+def _add_action(table_path: Path, part: Path, stats: dict[str, Any], now_ms: int) -> AddAction:
+    """The Delta add action of a written data file of the table at ``table_path``."""
+    return AddAction(str(part.relative_to(table_path)), part.stat().st_size, {}, now_ms, True,
+                     json.dumps(stats, default=str))
 
 
 def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:
