@@ -8,12 +8,15 @@ reads U(s)); "catching_up" = phase 2 (the log store, ``lag_epochs`` behind);
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import subprocess_env
@@ -157,6 +160,37 @@ def test_cancel_in_each_phase_removes_job_and_keeps_upstream(engine, spark, ware
                + SHAPES["agg"][0].format(t="t"))
     _wait_for(engine, work, "j", lambda p: p.state == "created")
     assert engine.verify("j").count() == 0
+
+
+def test_chunk_files_no_marker_names_are_never_read(warehouse, spark, monkeypatch):
+    """A killed Spark Connect client's chunk write goes on at the server: files it
+    leaves in a chunk's directory, done or not, must not reach the MV."""
+    monkeypatch.setattr(snapshot_jobs, "CATCH_UP_EPOCHS", 2)
+    with Engine(warehouse, spark=spark) as eng:
+        work, _, _ = _setup(eng, spark, 34, rows=800)
+        eng.sql("CREATE MATERIALIZED VIEW j WITH (backfill = 'snapshot', backfill_chunk_rows"
+                " = 100, backfill_rate_limit = 300) AS " + SHAPES["jagg"][0].format(t="t", d="d"))
+        _wait_for(eng, work, "j", lambda p: p.state == "backfilling" and p.rows_done > 0)
+    job_dir = next(Path(warehouse, "relations", "_jobs").iterdir())
+    plan = json.loads((job_dir / "plan.json").read_text())
+    done = [c for c in plan if (job_dir / _chunk_dir(c) / "_DONE.json").exists()]
+    undone = [c for c in plan if c not in done]
+    assert done and undone, (len(done), len(plan))
+    stray = sorted((job_dir / _chunk_dir(done[0])).rglob("*.parquet"))
+    assert stray
+    for c in [*done, undone[0]]:  # a second attempt's files; files of no attempt
+        for where in (job_dir / _chunk_dir(c) / "a-zombie", job_dir / _chunk_dir(c)):
+            where.mkdir(parents=True, exist_ok=True)
+            for i, f in enumerate(stray):
+                shutil.copy(f, where / f"part-zombie-{i}.parquet")
+    with Engine(warehouse, spark=spark) as eng:
+        work = Workload(eng, spark, "t", random.Random(78), key_space=1500)
+        _wait_for(eng, work, "j", lambda p: p.state == "created")
+        assert eng.verify("j").count() == 0
+
+
+def _chunk_dir(c: dict) -> str:
+    return f"leaf{c['leaf']}/v{c['lo']:03d}-{c['hi']:03d}"
 
 
 DRIVER = r"""

@@ -8,8 +8,12 @@ Invariants:
   log. Its checkpoints are its own: the chunk plan (``plan.json``) is fixed when
   the job starts, and a chunk is done exactly when its marker file exists — the
   marker is written after the chunk's data — so a restarted job redoes at most
-  the chunk it was in. Its last step writes the initial rows of the MV and of its
-  state tables (``Q(U(s))``) as files no commit references yet, then a manifest.
+  the chunk it was in. Each attempt at a chunk writes to a directory of its own,
+  which the marker names; only named attempts are read. A killed Spark Connect
+  client's write goes on at the server after the kill, so the directory of an
+  attempt no marker names may still be filled later: it is never read. Its last
+  step writes the initial rows of the MV and of its state tables (``Q(U(s))``)
+  as files no commit references yet, then a manifest.
 * The epoch loop commits the manifest's files as each relation's append of epoch
   ``s`` (idempotent per epoch) and the job's position becomes ``s``.
 * Phases 2 and 3 run in the epoch loop (``SnapshotCatchUp``): with position
@@ -29,6 +33,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +50,7 @@ from ..storage.catalog import Relation
 from ..storage.relation_store import DataFile, RelationStore
 from ..storage.schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
 
-__all__ = ["JobControl", "SnapshotJob", "chunk_plan", "job_status", "leaf_span"]
+__all__ = ["JobControl", "SnapshotJob", "chunk_files", "chunk_plan", "job_status", "leaf_span"]
 
 
 @dataclass
@@ -95,6 +100,20 @@ def job_status(job_dir: Path) -> dict[str, Any]:
 
 def _chunk_name(c: dict[str, int]) -> str:
     return f"leaf{c['leaf']}/v{c['lo']:03d}-{c['hi']:03d}"
+
+
+def chunk_files(job_dir: Path, plan: Sequence[dict[str, int]], leaf: int) -> list[str]:
+    """The data files of ``leaf``'s done chunks: those of the attempt each marker
+    names, none of any other attempt."""
+    files: list[str] = []
+    for c in plan:
+        marker = job_dir / _chunk_name(c) / "_DONE.json"
+        if c["leaf"] != leaf or not marker.exists():
+            continue
+        # a marker of an earlier layout names none: its files lie beside it
+        attempt = marker.parent / json.loads(marker.read_text()).get("attempt", "")
+        files.extend(str(p) for p in sorted(attempt.glob("*.parquet")))
+    return files
 
 
 class SnapshotJob(threading.Thread):
@@ -173,9 +192,10 @@ class SnapshotJob(threading.Thread):
         out = self._chunk_output(chunk["leaf"],
                                  rows.observe(observed, F.count(F.lit(1)).alias("rows"))
                                  .drop(VNODE))
-        out.write.mode("overwrite").parquet(str(marker.parent))
+        attempt = f"a{uuid.uuid4().hex}"
+        out.write.mode("error").parquet(str(marker.parent / attempt))
         n = int(observed.get["rows"])
-        _write_json(marker, {"rows": n})
+        _write_json(marker, {"rows": n, "attempt": attempt})
         return n
 
     def _chunk_output(self, leaf: int, rows: DataFrame) -> DataFrame:
@@ -194,11 +214,12 @@ class SnapshotJob(threading.Thread):
         return projected.select(*[c.name for c in self.mv.columns])
 
     def _chunks_of(self, leaf: int, rel: Relation) -> DataFrame:
-        path = self.job_dir / f"leaf{leaf}"
+        plan = json.loads((self.job_dir / "plan.json").read_text())
+        files = chunk_files(self.job_dir, plan, leaf)
         schema = self.spark.createDataFrame([], _schema_of(rel)).schema
-        if not any(path.glob("*/*.parquet")):
+        if not files:
             return self.spark.createDataFrame([], schema)
-        return self.spark.read.schema(schema).parquet(str(path / "*"))
+        return self.spark.read.schema(schema).parquet(*files)
 
     def _write_initial_rows(self) -> None:
         """``Q(U(s))`` for the MV and each state table, as uncommitted files."""
