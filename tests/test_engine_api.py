@@ -57,10 +57,15 @@ def test_keys_staged_by_the_driver_spare_the_epoch_the_job_that_finds_them(engin
         assert_rows_equal(engine.read("kv"), model.rows(), label=f"kv at {report.epoch}")
         return report
 
-    apply(kv_rows(range(1, 50)), [])
-    listed = apply(kv_rows([3, 70], v_of=lambda k: 5), [4, 99])
-    framed = apply(kv_rows([5, 71], v_of=lambda k: 6), [6, 98], as_frame=True)
+    engine.store.target_file_rows = 10  # 20 files, each a narrow range of vnodes
+    apply(kv_rows(range(1, 201)), [])
+    listed = apply(kv_rows([103, 270], v_of=lambda k: 5), [104, 299])
+    framed = apply(kv_rows([105, 271], v_of=lambda k: 6), [106, 298], as_frame=True)
     assert framed.spark_jobs == listed.spark_jobs + 1, (listed.spark_jobs, framed.spark_jobs)
+    # both read only the files of the touched keys' vnodes (most files' key ranges
+    # hold 103-106)
+    assert listed.rows_read["kv"] <= 60 and framed.rows_read["kv"] <= 60, \
+        (listed.rows_read, framed.rows_read)
 
 
 @pytest.mark.connect

@@ -15,7 +15,7 @@ from sparkfill.dataflow.changelog import consolidate
 from sparkfill.storage.keyrange import END, Position, gt, le
 from sparkfill.storage.meta_store import EpochCommit, MetaStore
 from sparkfill.storage.relation_store import RelationStore, StoredRelation
-from sparkfill.storage.schema import OP, VNODE, Column, vnode_expr
+from sparkfill.storage.schema import OP, VNODE, Column, vnode_expr, vnodes_of
 
 COLUMNS = (Column("id", "bigint", False), Column("v", "string", True))
 KEY = ("id",)
@@ -167,6 +167,23 @@ def test_le_and_gt_partition_rows(spark, vnode, key):
     for v, k in below:
         assert v < vnode or (v == vnode and (key is None or k <= key))
     assert END.is_end and not pos.is_end or vnode == 255
+
+
+@settings(max_examples=5, deadline=None)
+@given(ints=st.lists(st.integers(-2**31, 2**31 - 1), min_size=1, max_size=40),
+       longs=st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=40),
+       texts=st.lists(st.text(max_size=12), min_size=1, max_size=40))
+def test_vnodes_hashed_on_the_driver_are_spark_s(spark, ints, longs, texts):
+    """The driver hashes staged keys to vnodes without a Spark job: it must agree
+    with ``vnode_expr`` for every key type it accepts, or lookups miss old rows."""
+    cases = [("tinyint", [v % 256 - 128 for v in ints]), ("smallint", [v % 65536 - 32768
+             for v in ints]), ("int", ints + [0, -1, 2**31 - 1, -2**31]),
+             ("bigint", longs + [0, -1, 2**63 - 1, -2**63]), ("string", texts + ["", "é✓"])]
+    for type_name, values in cases:
+        df = spark.createDataFrame([(v,) for v in values], f"k {type_name}")
+        found = sorted({r[0] for r in df.select(vnode_expr(["k"])).collect()})
+        assert vnodes_of(values, type_name) == found, type_name
+    assert vnodes_of([1.5], "double") is None
 
 
 def test_consolidate_emits_one_net_change_per_key(spark):

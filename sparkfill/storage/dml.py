@@ -31,7 +31,7 @@ from .catalog import Relation
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, RelationStore
-from .schema import VNODE, arrow_type, spark_type, vnode_expr
+from .schema import VNODE, arrow_type, spark_type, vnode_expr, vnodes_of
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
 
@@ -257,8 +257,10 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     first_keys: list[Any] | None
     known = _staged_first_keys(batches)
     if known is not None:
-        # staged from the driver, which noted the keys in the files: no job to find them
-        vnodes, first_keys = None, known
+        # staged from the driver, which noted the keys in the files: no job to find
+        # them, and their vnodes hashed here as Spark would
+        key_type = next(c.type for c in rel.columns if c.name == key[0])
+        vnodes, first_keys = vnodes_of(known, key_type), known
     elif sum(b.rows for b in batches) <= LOOKUP_KEYS:
         found = keys.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
         vnodes = sorted({int(r[0]) for r in found})

@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import xxhash
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -39,6 +40,7 @@ __all__ = [
     "physical_struct",
     "physical_arrow_schema",
     "vnode_expr",
+    "vnodes_of",
     "encode_key_value",
     "decode_key_value",
 ]
@@ -183,6 +185,26 @@ def vnode_expr(key: Sequence[str]) -> SparkColumn:
 def vnode_sql(key_sql: Sequence[str]) -> str:
     """``vnode_expr`` as SQL text over the key's expressions (SQL text each)."""
     return f"CAST(pmod(xxhash64({', '.join(key_sql)}), {VNODE_COUNT}) AS INT)"
+
+
+#: Spark's seed of ``xxhash64``
+XXHASH_SEED = 42
+
+
+def vnodes_of(values: Sequence[Any], type_name: str) -> list[int] | None:
+    """The sorted distinct vnodes ``vnode_expr`` gives the one-column keys
+    ``values`` of SQL type ``type_name``, computed on the driver (Spark's
+    ``xxhash64`` hashes an integer of at most 32 bits as 4 little-endian bytes, a
+    BIGINT as 8, a string as its UTF-8 bytes); None for other types."""
+    name = normalize_type_name(type_name)
+    width = {"tinyint": 4, "smallint": 4, "int": 4, "bigint": 8, "string": 0}.get(name)
+    if width is None:
+        return None
+    found = set()
+    for v in values:
+        data = v.encode() if width == 0 else int(v).to_bytes(width, "little", signed=True)
+        found.add(xxhash.xxh64_intdigest(data, XXHASH_SEED) % VNODE_COUNT)
+    return sorted(found)
 
 
 def quoted(name: str) -> str:
