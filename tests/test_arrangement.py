@@ -34,7 +34,7 @@ def test_arrangement_is_default_and_exact_every_epoch(engine, spark):
     engine.sql(create_table_sql("t"))
     engine.insert("t", [random_row(rng, k) for k in range(1500)])
     engine.step()
-    engine.sql("SET backfill_chunk_rows = 150")
+    engine.sql("SET backfill_chunk_rows = 300")
     engine.sql(f"CREATE MATERIALIZED VIEW m AS {mv_sql(MV, 't')}")
     first = engine.progress("m")
     assert first.strategy == "arrangement" and first.vnodes_done == 0
@@ -53,7 +53,7 @@ def test_arrangement_is_default_and_exact_every_epoch(engine, spark):
     assert epochs >= 3, "a small chunk must spread the backfill over epochs"
     assert vnodes_seen == sorted(vnodes_seen) and vnodes_seen[-1] == 256
     assert 0 < vnodes_seen[0] < 256
-    engine.sql(f"CREATE MATERIALIZED VIEW m2 WITH (backfill_chunk_rows = 100) AS "
+    engine.sql(f"CREATE MATERIALIZED VIEW m2 WITH (backfill_chunk_rows = 250) AS "
                f"{mv_sql(MV_ON_MV, 'm')}")
     for _ in range(40):
         _dml(engine, rng, 2000)
@@ -144,7 +144,7 @@ DRIVER = textwrap.dedent("""
     eng.sql(create_table_sql("t"))
     eng.insert("t", [random_row(rng, k) for k in range(1500)])
     eng.step()
-    eng.sql("CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = 100, "
+    eng.sql("CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = 200, "
             "backfill_parallelism = 1, backfill_target_epoch_ms = 0) AS "
             "SELECT id, g, v * 2 AS w, s FROM t WHERE v % 3 <> 0")
     while True:

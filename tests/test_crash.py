@@ -135,7 +135,7 @@ def test_sigkill_during_backfill_loses_nothing(spark, tmp_path):
         assert start_epoch > 0
         final_steps = cd.run_workload(eng, journal, seed)
         assert eng.progress(cd.MV).state == "created"
-        final_steps += cd.post_steps(eng, journal, seed, 3)
+        final_steps += cd.post_steps(eng, journal, seed, 2)
         entries = cd.read_journal(journal)
         assert entries[-1]["op"] == "step"
 
