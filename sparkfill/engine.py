@@ -488,11 +488,13 @@ class Engine:
         table = Relation(
             id=rel_id, name=cmd.name, kind="table", columns=tuple(cmd.columns),
             key=tuple(cmd.key), state="created", created_epoch=epoch,
-            dir=f"{rel_id:06d}-{cmd.name}", ready_epoch=epoch)
+            dir=f"{rel_id:06d}-{cmd.name}", ready_epoch=epoch, proctime=cmd.proctime)
         if not cmd.options:
             self._new_relation(table)
             return None
-        source = self.sources.define(cmd.name, table.columns, table.key, cmd.options)
+        # a source produces the columns it may write: not the processing time
+        source = self.sources.define(cmd.name, tuple(table.writable_columns), table.key,
+                                     cmd.options)
         owned = []
         if source.dead_letter is not None:
             name, columns, key = source.dead_letter
@@ -668,7 +670,8 @@ class Engine:
 
     def _insert_values(self, cmd: InsertValues) -> None:
         rel = self._table(cmd.table)
-        names = cmd.columns or [c.name for c in rel.columns]
+        # without a column list, VALUES give every column but the processing time
+        names = cmd.columns or [c.name for c in rel.writable_columns]
         aliases = ", ".join("`" + n.replace("`", "``") + "`" for n in names)
         try:
             df = self.spark.sql(f"SELECT * FROM {cmd.values_sql} AS v({aliases})")
@@ -693,17 +696,24 @@ class Engine:
         for col, expr_sql in cmd.assignments:
             if col.lower() not in by_lower:
                 raise UnknownColumn(f"UPDATE {rel.name}: table has no column {col!r}")
+            if by_lower[col.lower()] == rel.proctime:
+                raise DataError(
+                    f"UPDATE {rel.name}: column {rel.proctime!r} is the table's processing "
+                    "time (AS PROCTIME()), which the engine fills with the epoch's time when "
+                    "it writes the row; it cannot be SET (the updated rows get the new time)")
             assign[by_lower[col.lower()]] = expr_sql
         matched = self._matching(rel, cmd.where_sql)
+        # the processing time is left out: the epoch writing the new rows fills it
+        columns = rel.writable_columns
         new_rows = matched.select(*[F.expr(assign[c.name]).alias(c.name) if c.name in assign
-                                    else F.col(c.name) for c in rel.columns])
+                                    else F.col(c.name) for c in columns])
         batch = new_rows.withColumn(KIND, F.lit(UPSERT)).withColumn(IDX, F.lit(1))
         if any(k in assign for k in rel.key):
             old_keys = matched.select(*rel.key)
-            for c in rel.columns:
+            for c in columns:
                 if c.name not in rel.key:
                     old_keys = old_keys.withColumn(c.name, F.lit(None))
-            old_keys = old_keys.select(*[c.name for c in rel.columns])
+            old_keys = old_keys.select(*[c.name for c in columns])
             deletes = old_keys.withColumn(KIND, F.lit(DELETE)).withColumn(IDX, F.lit(0))
             batch = deletes.unionByName(batch, allowMissingColumns=True)
         self.stager.stage(rel, batch, UPSERT)

@@ -1,8 +1,9 @@
 """The epoch coordinator: runs epochs one after another.
 
 Invariant: epoch ``e`` is planned (its inputs pinned: the staged DML up to a
-sequence number and each creating job's chunk limit) and the plan persisted
-before any work, so a crash at any point is recovered by re-running the same
+sequence number, each creating job's chunk limit, and the epoch's processing
+time, which fills the processing-time columns of the rows it writes) and the
+plan persisted before any work, so a crash at any point is recovered by re-running the same
 plan: the appends that already landed are skipped (Delta application
 transactions) and the rest recomputed from the same inputs. Nothing of ``e`` is
 visible before ``commit_epoch``.
@@ -241,8 +242,17 @@ class EpochCoordinator:
         self._tokens[mv.id] = tokens - limit
         return limit
 
+    def proctime_us(self, now: float) -> int:
+        """The processing time of the next epoch, microseconds since the Unix epoch:
+        the wall clock, but always after the last committed epoch's (a clock set back
+        does not make processing time go back, and two epochs never share one)."""
+        last = int(self.meta.get("proctime_us", "0") or 0)
+        return max(int(now * 1_000_000), last + 1)
+
     def plan(self) -> dict[str, Any]:
-        """Pin the inputs of the next epoch: DML bound, chunk limits, parallelism."""
+        """Pin the inputs of the next epoch: DML bound, chunk limits, parallelism, and
+        its processing time (the value of the processing-time columns of the rows it
+        writes: persisted with the plan, so a re-run after a crash writes the same)."""
         epoch = self.meta.committed_epoch + 1
         staged = self.meta.staged()
         now = time.time()
@@ -251,6 +261,7 @@ class EpochCoordinator:
                     if r.kind == "mv" and r.state == "creating" and r.id not in queued]
         default_parallelism = default_parallelism_of(self.spark)
         return {"epoch": epoch, "dml_upto": max((b.seq for b in staged), default=0),
+                "proctime_us": self.proctime_us(now),
                 "limits": {str(r.id): self._chunk_limit(r, now) for r in creating},
                 "parallelism": {str(r.id): (r.options.parallelism if r.options
                                             and r.options.parallelism else default_parallelism)
@@ -274,6 +285,8 @@ class EpochCoordinator:
     def execute(self, plan: dict[str, Any]) -> EpochReport:
         started = time.time()
         epoch = int(plan["epoch"])
+        if plan.get("proctime_us") is None:  # a plan persisted before processing time
+            plan = {**plan, "proctime_us": self.proctime_us(started)}
         self.store.rows_read.clear()
         jobs_before = self.store.spark_jobs
 
@@ -337,7 +350,7 @@ class EpochCoordinator:
             row_count_deltas={**extra_rows, **{rid: c.get("+", 0) - c.get("-", 0)
                                                for rid, c in counts.items()}},
             progress=progress, created=created, applied_dml_upto=int(plan["dml_upto"]),
-            tagged_versions=appends.tagged,
+            tagged_versions=appends.tagged, proctime_us=int(plan["proctime_us"]),
         ))
 
         # phase 4: release the epoch's backfill chunks; housekeeping. The epoch is
@@ -401,7 +414,8 @@ class EpochCoordinator:
             batches = by_table.get(rel.id)
             if not batches:
                 return None, [], 0
-            return (DataflowResult(table_delta(self.spark, self.store, rel, batches, epoch - 1)),
+            return (DataflowResult(table_delta(self.spark, self.store, rel, batches, epoch - 1,
+                                               int(plan["proctime_us"]))),
                     [], sum(b.rows for b in batches))
         assert rel.plan is not None and rel.options is not None
         leaves = self.catalog.leaves_of(rel)

@@ -108,9 +108,13 @@ class SourceManager:
 
     # --- staging --------------------------------------------------------------------------
 
-    def _write(self, df: DataFrame, columns: tuple[Column, ...], seq: int) -> tuple[Path, int]:
+    def _write(self, df: DataFrame, columns: tuple[Column, ...], seq: int,
+               proctime: str | None = None) -> tuple[Path, int]:
+        """Stage a batch; the processing-time column, which the connector does not
+        produce, is staged NULL: the epoch applying the batch fills it."""
         path = self.dir / f"{seq:012d}-{uuid.uuid4().hex[:8]}-src"
-        out = df.select(*[F.col(c.name).cast(spark_type(c.type)).alias(c.name) for c in columns],
+        out = df.select(*[(F.lit(None) if c.name == proctime else F.col(c.name))
+                          .cast(spark_type(c.type)).alias(c.name) for c in columns],
                         F.lit(seq).cast("long").alias(SEQ), F.col(IDX).cast("long").alias(IDX),
                         F.col(KIND).cast("string").alias(KIND))
         out.write.mode("error").parquet(str(path))
@@ -126,8 +130,9 @@ class SourceManager:
 
     def _stage_one(self, catalog: Catalog, table: Relation, src: SourceRow, epoch: int) -> None:
         cls = CONNECTORS[src.connector]
-        connector = cls(self.spark, TableShape(table.name, table.columns, table.key),
-                        src.options)
+        # the connector sees the columns it writes: not the processing time
+        connector = cls(self.spark, TableShape(table.name, tuple(table.writable_columns),
+                                               table.key), src.options)
         scratch = self.scratch / f"{table.id}-{uuid.uuid4().hex[:8]}"
         consumed = (frozenset(self.meta.source_files(src.rel_id)) if cls.has_dead_letters
                     else frozenset())
@@ -140,7 +145,7 @@ class SourceManager:
             seq = self.meta.next_dml_seq()
             rows = dead = 0
             if batch.rows is not None:
-                path, rows = self._write(batch.rows, table.columns, seq)
+                path, rows = self._write(batch.rows, table.columns, seq, table.proctime)
                 written.append(path)
                 if rows:
                     staged.append(StagedBatch(seq, table.id, str(path), rows))

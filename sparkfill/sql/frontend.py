@@ -38,6 +38,8 @@ class CreateTable(Command):
     if_not_exists: bool = False
     #: ``WITH (connector = ..., ...)``: a source table's options (validated by sources)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the processing-time column (``col TIMESTAMP AS PROCTIME()``), if any
+    proctime: str | None = None
 
 
 @dataclass
@@ -288,6 +290,63 @@ def _parse_create_mv(m: re.Match[str]) -> CreateMaterializedView:
     return CreateMaterializedView(name, options, query_sql, query, bool(m.group("ine")))
 
 
+_GENERATED_AS = re.compile(r"\bAS\s+(?=[A-Za-z_][A-Za-z0-9_]*\s*\()", re.IGNORECASE)
+
+
+def _parenthesize_generated(sql: str) -> str:
+    """``col TYPE AS f(...)`` in a CREATE TABLE's column list as ``col TYPE AS
+    (f(...))``, the form the parser reads as a generated column (RisingWave's
+    ``p_time TIMESTAMP AS PROCTIME()`` has no parentheses)."""
+    open_at = sql.find("(")
+    if open_at < 0:
+        return sql
+    try:
+        close = _matching_paren(sql, open_at)
+    except SqlError:
+        return sql  # the parser reports the broken column list
+    body, out, pos = sql[open_at:close + 1], [], 0
+    for m in _GENERATED_AS.finditer(body):
+        if m.start() < pos or _depth(body, m.start()) != 1:
+            continue  # inside a call (CAST(x AS DECIMAL(10, 2)))
+        call_open = body.index("(", m.end())
+        try:
+            call_close = _matching_paren(body, call_open)
+        except SqlError:
+            return sql
+        out.append(body[pos:m.end()] + "(" + body[m.end():call_close + 1] + ")")
+        pos = call_close + 1
+    out.append(body[pos:])
+    return sql[:open_at] + "".join(out) + sql[close + 1:]
+
+
+def _depth(text: str, at: int) -> int:
+    """The parentheses open at ``text[at]`` (outside quotes)."""
+    depth, quote = 0, ""
+    for ch in text[:at]:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+    return depth
+
+
+def _unparen(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _is_proctime(node: exp.Expr) -> bool:
+    node = _unparen(node)
+    return (isinstance(node, exp.Anonymous) and str(node.name).lower() == "proctime"
+            and not node.expressions)
+
+
 def _parse_create_table(tree: exp.Create) -> CreateTable:
     schema = tree.this
     if not isinstance(schema, exp.Schema):
@@ -299,22 +358,45 @@ def _parse_create_table(tree: exp.Create) -> CreateTable:
     name = schema.this.name
     columns: list[Column] = []
     key: list[str] = []
+    proctime: list[str] = []
     for item in schema.expressions:
         if isinstance(item, exp.ColumnDef):
             col_name = item.name
             kind = item.args.get("kind")
-            if kind is None:
+            constraints = item.args.get("constraints") or []
+            generated = [c.args.get("kind") for c in constraints if isinstance(
+                c.args.get("kind"), exp.ComputedColumnConstraint
+                | exp.GeneratedAsIdentityColumnConstraint | exp.GeneratedAsRowColumnConstraint)]
+            for g in generated:
+                if not (isinstance(g, exp.ComputedColumnConstraint) and _is_proctime(g.this)):
+                    form = (f"AS {_unparen(g.this).sql(dialect='spark')}"
+                            if isinstance(g, exp.ComputedColumnConstraint)
+                            else g.sql(dialect="spark"))
+                    raise UnsupportedQuery(
+                        f"table {name!r}, column {col_name!r}: the generated column "
+                        f"{form!r} is not supported; the one generated "
+                        f"column is a processing-time column, {col_name} TIMESTAMP AS "
+                        "PROCTIME()")
+            if generated:
+                proctime.append(col_name)
+            if kind is None and not generated:
                 raise SqlError(f"column {col_name!r} of table {name!r} has no type")
-            type_name = normalize_type_name(kind.sql(dialect="spark"))
+            type_name = ("timestamp" if kind is None
+                         else normalize_type_name(kind.sql(dialect="spark")))
+            if generated and type_name != "timestamp":
+                raise SqlError(f"table {name!r}, column {col_name!r}: a processing-time "
+                               f"column (AS PROCTIME()) is a TIMESTAMP, not "
+                               f"{type_name.upper()}")
             not_null = False
-            for constraint in item.args.get("constraints") or []:
+            for constraint in constraints:
                 ckind = constraint.args.get("kind")
                 if isinstance(ckind, exp.NotNullColumnConstraint):
                     not_null = not ckind.args.get("allow_null")
                 elif isinstance(ckind, exp.PrimaryKeyColumnConstraint):
                     key.append(col_name)
                     not_null = True
-            columns.append(Column(col_name, type_name, not not_null))
+            # the engine fills a processing-time column: never null, never given
+            columns.append(Column(col_name, type_name, not not_null or bool(generated)))
         elif isinstance(item, exp.PrimaryKey):
             key.extend(e.name for e in item.expressions)
         else:
@@ -333,12 +415,20 @@ def _parse_create_table(tree: exp.Create) -> CreateTable:
         if k.lower() not in by_lower:
             raise SqlError(f"PRIMARY KEY column {k!r} is not a column of table {name!r}")
         resolved.append(by_lower[k.lower()])
+    if len(proctime) > 1:
+        raise SqlError(f"table {name!r} has more than one processing-time column "
+                       f"(AS PROCTIME()): {', '.join(proctime)}; declare one")
+    if proctime and proctime[0] in resolved:
+        raise SqlError(f"table {name!r}: the processing-time column {proctime[0]!r} "
+                       "(AS PROCTIME()) cannot be part of the PRIMARY KEY: the engine "
+                       "changes it whenever the row is written")
     key_set = set(resolved)
     columns = [Column(c.name, c.type, c.nullable and c.name not in key_set) for c in columns]
     for c in columns:
         if c.name.startswith("_sf_") or c.name in ("_vnode", "_epoch", "_op"):
             raise SqlError(f"column name {c.name!r} is reserved")
-    return CreateTable(name, columns, resolved, bool(tree.args.get("exists")))
+    return CreateTable(name, columns, resolved, bool(tree.args.get("exists")),
+                       proctime=proctime[0] if proctime else None)
 
 
 def _tables_of(tree: exp.Expr) -> list[str]:
@@ -394,6 +484,7 @@ def parse_statement(sql: str) -> Command:
     table_options: dict[str, Any] = {}
     if _CREATE_TABLE.match(sql):
         sql, table_options = _split_table_options(sql)
+        sql = _parenthesize_generated(sql)
     m = _SHOW.match(sql)
     if m:
         return Show(" ".join(m.group("what").lower().split()))

@@ -49,7 +49,8 @@ __all__ = [
     "plan_materialized_view", "check_supported", "check_supported_top_n", "leaf_tables",
     "rewrite_top_n", "check_shape",
     "explain_plan",
-    "NONDETERMINISTIC", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH", "BRANCH_ROW",
+    "NONDETERMINISTIC", "CLOCK_FUNCTIONS", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH",
+    "BRANCH_ROW",
     "Branch", "union_branches", "GROUP_ROWS", "running_count_column", "TopNSpec",
     "WindowSpec", "WINDOW_PART",
     "split_top_n",
@@ -60,6 +61,12 @@ NONDETERMINISTIC = {
     "current_date", "currentdate", "current_time", "currenttime", "localtimestamp",
     "monotonically_increasing_id", "spark_partition_id", "input_file_name", "shuffle",
     "current_timezone",
+}
+#: the non-deterministic functions that read the clock: a processing-time column
+#: (``AS PROCTIME()``) is the deterministic way to use the time rows arrive
+CLOCK_FUNCTIONS = {
+    "now", "current_timestamp", "currenttimestamp", "current_date", "currentdate",
+    "current_time", "currenttime", "localtimestamp",
 }
 
 #: aggregate functions kept exact under deletes by recomputing a group from its input
@@ -461,9 +468,14 @@ def _check_shape(query: exp.Expr) -> exp.Query:
                     "col, slide, size) in FROM")
             bad = names & NONDETERMINISTIC
             if bad:
+                hint = "compute the value when you write the row instead"
+                if bad & CLOCK_FUNCTIONS:
+                    hint = ("for processing time, declare a column filled when each row is "
+                            "written, CREATE TABLE t (..., p_time TIMESTAMP AS PROCTIME()), "
+                            "and use it (e.g. TUMBLE(t, p_time, INTERVAL '10' SECOND))")
                 raise UnsupportedQuery(
                     f"non-deterministic function {sorted(bad)[0]}() cannot be maintained "
-                    "incrementally; compute the value when you write the row instead")
+                    f"incrementally; {hint}")
     return query
 
 

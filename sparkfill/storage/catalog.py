@@ -44,6 +44,9 @@ class Relation:
     extra: dict[str, Any] = field(default_factory=dict)
     #: a state table, or an internal MV (a link of a join chain): the MV that owns it
     owner: int | None = None
+    #: a table's processing-time column (``col TIMESTAMP AS PROCTIME()``): every row
+    #: version an epoch writes holds that epoch's processing time there
+    proctime: str | None = None
 
     @property
     def internal(self) -> bool:
@@ -60,12 +63,17 @@ class Relation:
         return [c for c in self.columns if not c.hidden]
 
     @property
+    def writable_columns(self) -> list[Column]:
+        """The columns DML may give: all but the processing-time column."""
+        return [c for c in self.columns if c.name != self.proctime]
+
+    @property
     def upstreams(self) -> tuple[str, ...]:
         """The relations an MV reads (its leaves), FROM first."""
         return () if self.plan is None else self.plan.upstreams
 
     def definition(self) -> dict[str, Any]:
-        return {
+        d = {
             "columns": [c.to_json() for c in self.columns],
             "key": list(self.key),
             "sql": self.sql,
@@ -73,6 +81,9 @@ class Relation:
             "options": None if self.options is None else self.options.to_json(),
             "owner": self.owner,
         }
+        if self.proctime is not None:
+            d["proctime"] = self.proctime
+        return d
 
     @staticmethod
     def from_row(row: RelationRow) -> Relation:
@@ -84,7 +95,7 @@ class Relation:
             dir=row.dir, row_count=row.row_count, ready_epoch=row.ready_epoch, sql=d.get("sql"),
             plan=None if d.get("plan") is None else MvPlan.from_json(d["plan"]),
             options=None if d.get("options") is None else BackfillOptions.from_json(d["options"]),
-            owner=d.get("owner"),
+            owner=d.get("owner"), proctime=d.get("proctime"),
         )
 
     def to_row(self) -> RelationRow:

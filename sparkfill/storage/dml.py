@@ -31,7 +31,7 @@ from .catalog import Relation
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, RelationStore
-from .schema import VNODE, arrow_type, spark_type, vnode_expr, vnodes_of
+from .schema import VNODE, arrow_type, quoted, spark_type, vnode_expr, vnodes_of
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
 
@@ -70,6 +70,11 @@ class DmlStager:
                     f"table {rel.name!r} has no column {name!r} "
                     f"(columns: {', '.join(c.name for c in rel.columns)})")
         lowered = {g.lower() for g in given}
+        if kind == UPSERT and rel.proctime is not None and rel.proctime.lower() in lowered:
+            raise DataError(
+                f"table {rel.name!r}: column {rel.proctime!r} is its processing time (AS "
+                "PROCTIME()), which the engine fills with the epoch's time when it writes the "
+                "row; it cannot be written: leave it out")
         missing = [k for k in rel.key if k.lower() not in lowered]
         if missing:
             raise DataError(f"rows for table {rel.name!r} lack key column(s) {missing}")
@@ -240,8 +245,11 @@ def _remove(path: Path) -> None:
 
 
 def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
-                batches: Sequence[StagedBatch], prev_epoch: int) -> DataFrame:
-    """The consolidated changelog of ``rel`` for the staged ``batches``."""
+                batches: Sequence[StagedBatch], prev_epoch: int,
+                proctime_us: int | None = None) -> DataFrame:
+    """The consolidated changelog of ``rel`` for the staged ``batches``. Every row
+    they write holds ``proctime_us`` (the epoch's processing time, microseconds
+    since the Unix epoch) in the table's processing-time column, if it has one."""
     key = list(rel.key)
     cols = [c.name for c in rel.columns]
     staged = spark.read.schema(_stage_struct(rel)).parquet(*[b.path for b in batches])
@@ -280,6 +288,14 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
             F.broadcast(keys), key, "left_semi").select(*cols)
         store.spark_jobs += 1  # the broadcast of the keys
     new = latest.where(F.col(KIND) == UPSERT).select(*cols)
+    if rel.proctime is not None:
+        if proctime_us is None:
+            raise ValueError(f"table {rel.name!r} has a processing-time column: the epoch's "
+                             "processing time is needed")
+        # one literal for every row the epoch writes (staged with NULL there)
+        now = F.timestamp_micros(F.lit(int(proctime_us)))
+        new = new.select(*[now.alias(c) if c == rel.proctime else F.col(quoted(c))
+                           for c in cols])
     return consolidate(old, new, cols, key)
 
 

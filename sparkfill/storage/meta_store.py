@@ -191,6 +191,9 @@ class EpochCommit:
     applied_dml_upto: int
     #: versions of appends tagged with an earlier epoch (a snapshot job catching up)
     tagged_versions: list[tuple[int, int, int]] = field(default_factory=list)
+    #: the epoch's processing time (microseconds since the Unix epoch): the value of
+    #: the processing-time columns of the rows it wrote; the next epoch's is later
+    proctime_us: int | None = None
 
 
 class MetaStore:
@@ -482,6 +485,8 @@ class MetaStore:
                          "finished_at = excluded.finished_at",
                          (c.epoch, c.seconds, c.finished_at))
             self.put(conn, "committed_epoch", str(c.epoch))
+            if c.proctime_us is not None:
+                self.put(conn, "proctime_us", str(c.proctime_us))
 
     def recent_epochs(self, limit: int = 20) -> list[tuple[int, float, float]]:
         rows = self._conn.execute(

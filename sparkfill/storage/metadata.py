@@ -44,7 +44,9 @@ def show_rows(what: str, meta: MetaStore, catalog: Catalog) -> list[tuple[Any, .
     which a running engine measures, are left empty)."""
     rels = catalog.all()
     if what == "tables":
-        return [(r.name, ", ".join(f"{c.name} {c.type.upper()}" for c in r.columns),
+        return [(r.name, ", ".join(f"{c.name} {c.type.upper()}"
+                                   f"{' AS PROCTIME()' if c.name == r.proctime else ''}"
+                                   for c in r.columns),
                  ", ".join(r.key), r.row_count) for r in rels if r.kind == "table"]
     if what == "materialized views":
         return [(r.name, r.state, r.options.strategy if r.options else None, r.row_count,

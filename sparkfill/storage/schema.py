@@ -75,6 +75,7 @@ _ALIASES = {
     "text": "string",
     "real": "float",
     "bool": "boolean",
+    "timestamp_ltz": "timestamp",
 }
 
 
