@@ -18,7 +18,6 @@ if TESTS_DIR not in sys.path:
 
 from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 
-
 #: JVM options of every Spark the tests start (this session's, the crash drivers',
 #: the Connect server's): the JIT's first tier only. A test's JVM runs short, small
 #: queries (a child process lives seconds); the optimizing tier's compiler threads
