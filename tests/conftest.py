@@ -18,15 +18,8 @@ if TESTS_DIR not in sys.path:
 
 from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 
-#: JVM options of every Spark the tests start (this session's, the crash drivers',
-#: the Connect server's): the JIT's first tier only. A test's JVM runs short, small
-#: queries (a child process lives seconds); the optimizing tier's compiler threads
-#: took CPU from them on a 2-core machine (a run of epochs took ~20% longer).
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-
 
 def pytest_configure(config):
-    os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
     config.addinivalue_line(
         "markers", "connect: also run against a Spark Connect server (SPARKFILL_TEST_CONNECT=1)")
 
