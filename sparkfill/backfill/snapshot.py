@@ -89,7 +89,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     rows: dict[int, int] = {}
     done = 0
     for c in plan:
-        marker = job_dir / _chunk_name(c) / "_DONE.json"
+        marker = _marker(job_dir, c)
         if marker.exists():
             rows[c["leaf"]] = rows.get(c["leaf"], 0) + int(json.loads(marker.read_text())["rows"])
             done += 1
@@ -98,8 +98,9 @@ def job_status(job_dir: Path) -> dict[str, Any]:
     return {"rows": rows, "chunks_done": done, "chunks": len(plan), "manifest": manifest}
 
 
-def _chunk_name(c: dict[str, int]) -> str:
-    return f"leaf{c['leaf']}/v{c['lo']:03d}-{c['hi']:03d}"
+def _marker(job_dir: Path, c: dict[str, int]) -> Path:
+    """The file that says chunk ``c`` is done (rows, attempt): beside its attempts."""
+    return job_dir / f"leaf{c['leaf']}" / f"v{c['lo']:03d}-{c['hi']:03d}" / "_DONE.json"
 
 
 def chunk_files(job_dir: Path, plan: Sequence[dict[str, int]], leaf: int) -> list[str]:
@@ -107,7 +108,7 @@ def chunk_files(job_dir: Path, plan: Sequence[dict[str, int]], leaf: int) -> lis
     names, none of any other attempt."""
     files: list[str] = []
     for c in plan:
-        marker = job_dir / _chunk_name(c) / "_DONE.json"
+        marker = _marker(job_dir, c)
         if c["leaf"] != leaf or not marker.exists():
             continue
         # a marker of an earlier layout names none: its files lie beside it
@@ -162,7 +163,7 @@ class SnapshotJob(threading.Thread):
         for chunk in plan:
             if self.control.cancelled.is_set():
                 return
-            marker = self.job_dir / _chunk_name(chunk) / "_DONE.json"
+            marker = _marker(self.job_dir, chunk)
             if marker.exists():
                 continue
             while self.control.rate_limit == 0:  # paused
