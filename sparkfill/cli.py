@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -33,67 +32,84 @@ from .errors import SparkfillError
 __all__ = ["main"]
 
 
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (name,)).fetchone() is not None
+def _meta_of(args: argparse.Namespace) -> str | None:
+    """The meta store a command opens: ``--meta``, else the PostgreSQL URL the
+    warehouse records (libpq then finds a password in ``PGPASSWORD`` or
+    ``~/.pgpass``), else None (its SQLite ``meta.sqlite``)."""
+    from .storage.meta_store import recorded_meta
+
+    return args.meta if args.meta is not None else recorded_meta(args.warehouse)
 
 
-def _status(warehouse: Path, console: Console) -> int:
-    meta = warehouse / "meta.sqlite"
-    if not meta.exists() and (warehouse / "meta.json").is_file():
-        console.print(f"[red]error:[/red] {warehouse} keeps its meta store in PostgreSQL "
-                      "(meta.json); status reads a SQLite meta store (meta.sqlite) only")
+def _open_meta(warehouse: Path, meta_url: str | None) -> Any:
+    """The warehouse's meta store, opened read-only (no writer lock); raises
+    ``SparkfillError`` for a folder that is not a warehouse or a wrong ``meta_url``."""
+    from .storage.meta_store import MetaStore, check_meta, open_postgres
+
+    url = check_meta(warehouse, meta_url)
+    if url is not None:
+        target, _ = open_postgres(warehouse, url, read_only=True)
+        return MetaStore(target, read_only=True)
+    if not (warehouse / "meta.sqlite").is_file():
+        raise SparkfillError(f"{warehouse} is not a sparkfill warehouse")
+    return MetaStore(warehouse / "meta.sqlite", read_only=True)
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    try:
+        meta = _open_meta(args.warehouse, _meta_of(args))
+    except SparkfillError as exc:
+        console.print(f"[red]error:[/red] {exc}")
         return 2
-    if not meta.exists():
-        console.print(f"[red]error:[/red] {warehouse} is not a sparkfill warehouse")
-        return 2
-    conn = sqlite3.connect(f"file:{meta}?mode=ro", uri=True)
-    committed = conn.execute("SELECT value FROM kv WHERE key = 'committed_epoch'").fetchone()
-    console.print(f"warehouse {warehouse}: committed epoch {committed[0] if committed else 0}")
+    try:
+        _print_status(meta, args.warehouse, console)
+    finally:
+        meta.close()
+    return 0
+
+
+def _print_status(meta: Any, warehouse: Path, console: Console) -> None:
+    console.print(f"warehouse {warehouse}: committed epoch {meta.committed_epoch}")
     table = Table("name", "kind", "strategy", "state", "rows", "backfilled rows", "vnodes done")
     names: dict[int, str] = {}
-    for rel_id, name, kind, state, rows, definition in conn.execute(
-            "SELECT id, name, kind, state, row_count, definition FROM relations ORDER BY id"):
-        names[rel_id] = name
-        options = json.loads(definition).get("options") or {}
-        done, vnodes = conn.execute(
-            "SELECT COALESCE(SUM(rows), 0), COALESCE(SUM(state = 'done' AND vnode >= 0), 0) "
-            "FROM backfill_progress WHERE mv_id = ?", (rel_id,)).fetchone()
-        if kind == "mv" and state == "creating":
+    for rel in meta.relations():
+        names[rel.id] = rel.name
+        options = rel.definition.get("options") or {}
+        progress = meta.progress(rel.id)
+        done = sum(p.rows for p in progress)
+        vnodes = sum(1 for p in progress if p.state == "done" and p.vnode >= 0)
+        state = rel.state
+        if rel.kind == "mv" and state == "creating":
             state = "paused" if options.get("rate_limit") == 0 else "backfilling"
             if options.get("strategy") != "arrangement":
-                vnodes = 256 if state == "created" else 0
-        elif kind == "mv":
+                vnodes = 0
+        elif rel.kind == "mv":
             vnodes = 256
-        table.add_row(name, kind, options.get("strategy", ""), state, f"{rows:,}",
-                      f"{done:,}" if kind == "mv" else "", str(vnodes) if kind == "mv" else "")
+        table.add_row(rel.name, rel.kind, options.get("strategy", ""), state,
+                      f"{rel.row_count:,}", f"{done:,}" if rel.kind == "mv" else "",
+                      str(vnodes) if rel.kind == "mv" else "")
     console.print(table)
-    if _has_table(conn, "sources"):
-        rows_ = conn.execute("SELECT rel_id, connector, epoch, batch, position, total_rows, "
-                             "total_dead_letters, dead_letter_id FROM sources ORDER BY rel_id"
-                             ).fetchall()
-        if rows_:
-            sources = Table("source", "connector", "last epoch", "batches", "offset",
-                            "rows", "dead letters")
-            for rel_id, connector, epoch, batch, position, rows, dead, dead_id in rows_:
-                sources.add_row(names.get(rel_id, str(rel_id)), connector, str(epoch),
-                                str(batch), position or "", f"{rows:,}",
-                                f"{dead:,}" if dead_id is not None else "")
-            console.print(sources)
-    if _has_table(conn, "sinks"):
-        rows_ = conn.execute("SELECT id, name, rel_id, connector, path FROM sinks ORDER BY id"
-                             ).fetchall()
-        if rows_:
-            from .sinks import synced_epoch
+    sources = meta.sources()
+    if sources:
+        out = Table("source", "connector", "last epoch", "batches", "offset", "rows",
+                    "dead letters")
+        for src in sources:
+            position = "" if src.position is None else (
+                src.position if isinstance(src.position, str) else json.dumps(src.position))
+            out.add_row(names.get(src.rel_id, str(src.rel_id)), src.connector, str(src.epoch),
+                        str(src.batch), position, f"{src.total_rows:,}",
+                        f"{src.total_dead_letters:,}" if src.dead_letter_id is not None else "")
+        console.print(out)
+    sinks = meta.sinks()
+    if sinks:
+        from .sinks import synced_epoch
 
-            sinks = Table("sink", "from", "connector", "path", "epoch written")
-            for sink_id, name, rel_id, connector, path in rows_:
-                written = synced_epoch(path, sink_id)
-                sinks.add_row(name, names.get(rel_id, str(rel_id)), connector, path,
-                              "" if written is None else str(written))
-            console.print(sinks)
-    conn.close()
-    return 0
+        out = Table("sink", "from", "connector", "path", "epoch written")
+        for sink in sinks:
+            written = synced_epoch(sink.path, sink.id)
+            out.add_row(sink.name, names.get(sink.rel_id, str(sink.rel_id)), sink.connector,
+                        sink.path, "" if written is None else str(written))
+        console.print(out)
 
 
 def _frame_table(df: Any, limit: int) -> tuple[Table, bool]:
@@ -129,14 +145,14 @@ def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
     beside any writer) without starting Spark; False for any other statement."""
     from .sql.frontend import ExplainExisting, Show, parse_statement
     from .storage.catalog import Catalog
-    from .storage.meta_store import MetaStore
+    from .storage.meta_store import META_FILE
     from .storage.metadata import SHOW_COLUMNS, explain_existing, show_rows
 
     cmd = parse_statement(args.statement)
-    meta_path = args.warehouse / "meta.sqlite"
-    if not isinstance(cmd, Show | ExplainExisting) or not meta_path.is_file():
+    exists = any((args.warehouse / name).is_file() for name in ("meta.sqlite", META_FILE))
+    if not isinstance(cmd, Show | ExplainExisting) or not exists:
         return False
-    meta = MetaStore(meta_path, read_only=True)
+    meta = _open_meta(args.warehouse, _meta_of(args))
     try:
         if isinstance(cmd, ExplainExisting):
             console.print(explain_existing(Catalog(meta), cmd.name), highlight=False,
@@ -163,7 +179,7 @@ def _sql(args: argparse.Namespace, console: Console, spark: Any) -> int:
     try:
         if _show_without_spark(args, console):
             return 0
-        with Engine(args.warehouse, spark=spark) as eng:
+        with Engine(args.warehouse, spark=spark, meta=_meta_of(args)) as eng:
             result = eng.sql(args.statement)
             if result is not None:
                 _print_result(console, args.statement, result, args.limit)
@@ -230,7 +246,8 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
     fresh = not args.warehouse.exists()
     resume_key = f"pipeline:{hashlib.sha256(text.encode()).hexdigest()}"
     try:
-        with Engine(args.warehouse, spark=spark) as eng, stop_on_signals(stop, console):
+        with Engine(args.warehouse, spark=spark, meta=_meta_of(args)) as eng, \
+                stop_on_signals(stop, console):
             # a re-run of the same file resumes after the last statement it ran
             done = int(eng.meta.get(resume_key) or 0)
             todo = statements[done:]
@@ -334,6 +351,10 @@ def _parser() -> argparse.ArgumentParser:
                                            "sinks (read-only)",
                             description="Read-only: safe beside a running pipeline.")
     status.add_argument("warehouse", type=Path, metavar="DIR")
+    for command in (run, sql, status):
+        command.add_argument("--meta", metavar="URL", default=None,
+                             help="the warehouse's PostgreSQL meta store (default: the URL "
+                                  "the warehouse records, else its meta.sqlite)")
     demo = sub.add_parser("demo", help="run the demo (online MV creation with live progress)",
                           description="Run the demo; arguments after 'demo' go to it (see "
                                       "'sparkfill demo -- --help').", add_help=False)
@@ -358,7 +379,7 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
         extra = [a for a in args.args if a != "--"]
         return demo_main(extra)
     if args.command == "status":
-        return _status(args.warehouse, console)
+        return _status(args, console)
     if args.command == "sql":
         return _sql(args, console, spark)
     if args.epochs is not None and args.epochs < 0:

@@ -289,8 +289,9 @@ def _rows(keys, g_of=lambda k: k % 3):
     return [{"id": k, "g": g_of(k), "v": k * 10} for k in keys]
 
 
-def test_engine_on_postgres(spark, pg_url, tmp_path):
+def test_engine_on_postgres(spark, pg_url, tmp_path, capsys):
     from sparkfill import Engine, MetaStoreError, WarehouseLocked
+    from sparkfill.cli import main as cli_main
 
     wh = tmp_path / "wh"
     url = pg_url.replace("sparkfill@", "sparkfill:pw@")  # trust auth: any password will do
@@ -310,6 +311,7 @@ def test_engine_on_postgres(spark, pg_url, tmp_path):
         eng.step()
         epoch = eng.committed_epoch
         check_mv(eng, spark, "m", TEMPLATE, "kv", epoch)
+        m_rows = eng.read("m").count()
         # a second writer is refused while this one is open
         with pytest.raises(WarehouseLocked, match="open for writing by another engine"):
             Engine(wh, spark=spark, meta=pg_url)
@@ -320,15 +322,30 @@ def test_engine_on_postgres(spark, pg_url, tmp_path):
             check_mv(reader, spark, "m", TEMPLATE, "kv", epoch)
         finally:
             reader.close()
+        # `sparkfill status` reads it too, beside the writer: through the URL the
+        # warehouse records, or the one given (with its password); another is refused
+        capsys.readouterr()
+        for args in ([], ["--meta", url]):
+            assert cli_main(["status", str(wh), *args]) == 0
+            out = capsys.readouterr().out
+            assert f"committed epoch {epoch}" in out and "arrangement" in out, out
+            assert re.search(r"\bm\b.*created", out) and re.search(r"\bkv\b.*table", out), out
+        other = re.sub(r"/postgres$", "/template1", pg_url)
+        assert cli_main(["status", str(wh), "--meta", other]) == 2
+        assert "not in" in capsys.readouterr().out
+        assert cli_main(["sql", str(wh), "SHOW MATERIALIZED VIEWS"]) == 0
+        assert re.search(r"\bm\b", capsys.readouterr().out)
     finally:
         eng.close()
+    # `sparkfill sql` as the writer, through the recorded URL
+    assert cli_main(["sql", str(wh), "SELECT count(*) AS n FROM m"], spark=spark) == 0
+    assert re.search(rf"\b{m_rows}\b", capsys.readouterr().out), m_rows
 
     assert not (wh / "meta.sqlite").exists() and not (wh / "writer.lock").exists()
     recorded = (wh / "meta.json").read_text()
     assert pg_url in recorded and "pw" not in recorded
     with pytest.raises(MetaStoreError, match="keeps its meta store in PostgreSQL"):
         Engine(wh, spark=spark)
-    other = re.sub(r"/postgres$", "/template1", pg_url)
     with pytest.raises(MetaStoreError, match="not in " + re.escape(other)):
         Engine(wh, spark=spark, meta=other)
     sqlite_wh = tmp_path / "sqlite_wh"

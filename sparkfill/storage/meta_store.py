@@ -585,6 +585,13 @@ def _read_meta_file(warehouse: Path) -> dict[str, str] | None:
     return {"meta": meta, "schema": schema}
 
 
+def recorded_meta(warehouse: Path) -> str | None:
+    """The PostgreSQL URL (less its password) the warehouse records in ``META_FILE``;
+    None for a warehouse whose meta store is its SQLite file (or no warehouse)."""
+    recorded = _read_meta_file(warehouse)
+    return None if recorded is None else recorded["meta"]
+
+
 def check_meta(warehouse: Path, meta: str | None) -> str | None:
     """The PostgreSQL URL of the warehouse's meta store (``meta``), or None for SQLite
     in the warehouse. Raises ``InvalidOption`` for another kind of URL and
