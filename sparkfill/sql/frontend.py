@@ -8,6 +8,7 @@ anything is executed.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,18 +191,9 @@ def _literal(text: str) -> Any:
 def _split_options(body: str, validate: Any = validate_option) -> dict[str, Any]:
     options: dict[str, Any] = {}
     parts: list[str] = []
-    depth, quote, start = 0, "", 0
-    for i, ch in enumerate(body):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
+    start = 0
+    for i, ch, depth in _unquoted(body):
+        if ch == "," and depth == 0:
             parts.append(body[start:i])
             start = i + 1
     parts.append(body[start:])
@@ -251,21 +243,27 @@ def _split_table_options(sql: str) -> tuple[str, dict[str, Any]]:
     return sql[:close + 1], options
 
 
-def _matching_paren(text: str, open_at: int) -> int:
+def _unquoted(text: str, start: int = 0,
+              quotes: str = "'\"") -> Iterator[tuple[int, str, int]]:
+    """Each character of ``text`` from ``start`` outside quotes: its index, itself,
+    and the parentheses open before it (counted from ``start``)."""
     depth, quote = 0, ""
-    for i in range(open_at, len(text)):
+    for i in range(start, len(text)):
         ch = text[i]
         if quote:
             if ch == quote:
                 quote = ""
-        elif ch in "'\"":
+        elif ch in quotes:
             quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            yield i, ch, depth
+            depth += (ch == "(") - (ch == ")")
+
+
+def _matching_paren(text: str, open_at: int) -> int:
+    for i, ch, depth in _unquoted(text, open_at):
+        if ch == ")" and depth == 1:
+            return i
     raise SqlError("unbalanced parentheses in WITH (...)")
 
 
@@ -320,18 +318,10 @@ def _parenthesize_generated(sql: str) -> str:
 
 
 def _depth(text: str, at: int) -> int:
-    """The parentheses open at ``text[at]`` (outside quotes)."""
-    depth, quote = 0, ""
-    for ch in text[:at]:
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
+    """The parentheses open at ``text[at]`` (outside quotes and backticks)."""
+    depth = 0
+    for _, ch, before in _unquoted(text[:at], quotes="'\"`"):
+        depth = before + (ch == "(") - (ch == ")")
     return depth
 
 
