@@ -54,7 +54,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
 from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
-from ..storage.relation_store import Appended, RelationStore
+from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
@@ -85,6 +85,8 @@ class EpochAppends:
     versions: dict[int, int] = field(default_factory=dict)
     #: appends made as an earlier epoch (a snapshot job catching up): (relation, epoch, version)
     tagged: list[tuple[int, int, int]] = field(default_factory=list)
+    #: small Δs of MVs nothing reads this epoch, appended together by ``flush``
+    deferred: list[tuple[Relation, DataFrame]] = field(default_factory=list)
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
                tag: int | None = None) -> Appended | None:
@@ -101,6 +103,22 @@ class EpochAppends:
         else:
             self.tagged.append((rel.id, tag, written.version))
         return written
+
+    def defer(self, rel: Relation, delta: DataFrame) -> None:
+        """Append ``rel``'s small Δ with the others deferred, in ``flush``: for an MV
+        nothing reads this epoch (its Δ is needed only once committed)."""
+        self.deferred.append((rel, delta))
+
+    def flush(self) -> None:
+        """Append the deferred Δs: their rows come to the driver in one Spark job."""
+        items, self.deferred = self.deferred, []
+        written = self.store.append_many([(rel.stored, delta) for rel, delta in items],
+                                         self.epoch)
+        for (rel, _), out in zip(items, written, strict=True):
+            if out is not None:
+                self.deltas[rel.id] = out.delta
+                self.counts[rel.id] = out.counts
+                self.versions[rel.id] = out.version
 
     def emitter(self, tag: int | None = None) -> Emit:
         return lambda rel, delta, rows_hint: self.append(rel, delta, rows_hint, tag)
@@ -305,6 +323,8 @@ class EpochCoordinator:
         extra_rows: dict[int, int] = {}
         #: the seconds each backfilling MV spent on its own Δ (its share of the epoch)
         own_seconds: dict[int, float] = {}
+        #: relations whose Δ an MV (created, creating or waiting) reads
+        read_now = {u.lower() for r in self.catalog.all() for u in r.upstreams}
         for rel in self.catalog.all():
             if rel.kind == "state":
                 continue  # computed with its MV
@@ -335,10 +355,16 @@ class EpochCoordinator:
                 if all(isinstance(scan.state, Done) for scan in scans):
                     created.append(rel.id)
             if out is not None and out.delta is not None:
-                with self.store.reading_for(rel.name):
-                    appends.append(rel, out.delta, hint, out.tag)
+                if (not scans and out.tag is None and rel.kind == "mv"
+                        and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now):
+                    appends.defer(rel, out.delta)
+                else:
+                    with self.store.reading_for(rel.name):
+                        appends.append(rel, out.delta, hint, out.tag)
             if scans:
                 own_seconds[rel.id] = time.time() - began
+        # the small Δs of created MVs nothing reads this epoch: one Spark job for all
+        appends.flush()
         counts = appends.counts
         self._inserted = {rid: c.get("+", 0) for rid, c in counts.items()}
 

@@ -57,7 +57,7 @@ from .schema import (
 )
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
-           "BEFORE_OPS", "OPS", "KEY_VALUES"]
+           "BEFORE_OPS", "OPS", "KEY_VALUES", "LOCAL_WRITE_ROWS"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -379,18 +379,50 @@ class RelationStore:
             actions.append(_add_action(table_path, part, stats, now_ms))
         return actions
 
-    def _write_local(self, rel: StoredRelation, df: DataFrame, subdir: str,
-                     key_column: str | None,
-                     ) -> tuple[list[AddAction | RemoveAction],
-                                tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None]]:
-        """Write a small ``df`` as the driver: one Spark job brings its rows as Arrow,
-        sorted by ``(_vnode, key)`` here and written as Parquet files of at most
-        ``target_file_rows`` rows under ``subdir`` (none when it is empty). Returns
-        their add actions and, as ``_observed``, its rows per ``_op``, its vnodes and
-        the distinct values of ``key_column``."""
+    def _arrow_rows(self, rel: StoredRelation, df: DataFrame) -> pa.Table:
+        """A small ``df``'s rows on the driver as Arrow, in ``rel``'s physical schema
+        (one Spark job)."""
         fields = physical_struct(rel.columns).fields
         table = df.selectExpr(*[_cast_sql(f) for f in fields]).toArrow()
         self.spark_jobs += 1
+        return table
+
+    def _arrow_rows_many(self, parts: Sequence[tuple[StoredRelation, DataFrame]],
+                         ) -> list[pa.Table]:
+        """The rows of several small DataFrames (of different relations) on the driver,
+        each in its relation's physical schema, in one Spark job: a union of one
+        row shape with a column per (part, field), NULL outside its part."""
+        fields = [physical_struct(rel.columns).fields for rel, _ in parts]
+
+        def slot(i: int, k: int) -> str:
+            return f"_sf{i}_{k}"
+
+        selected = []
+        for i, (_, df) in enumerate(parts):
+            cols = [f"{i} AS _sf_part"]
+            for m, fs in enumerate(fields):
+                for k, f in enumerate(fs):
+                    value = quoted(f.name) if m == i else "NULL"
+                    cols.append(f"CAST({value} AS {f.dataType.simpleString()}) AS {slot(m, k)}")
+            selected.append(df.selectExpr(*cols))
+        union = selected[0]
+        for other in selected[1:]:
+            union = union.unionAll(other)
+        table = union.toArrow()
+        self.spark_jobs += 1
+        return [table.filter(pc.equal(table["_sf_part"], i))
+                .select([slot(i, k) for k in range(len(fs))])
+                .rename_columns([f.name for f in fs])
+                for i, fs in enumerate(fields)]
+
+    def _write_arrow(self, rel: StoredRelation, table: pa.Table, subdir: str,
+                     key_column: str | None,
+                     ) -> tuple[list[AddAction | RemoveAction],
+                                tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None]]:
+        """Write a Δ's rows brought to the driver, sorted by ``(_vnode, key)`` here, as
+        Parquet files of at most ``target_file_rows`` rows under ``subdir`` (none
+        when it is empty). Returns their add actions and, as ``_observed``, its rows
+        per ``_op``, its vnodes and the distinct values of ``key_column``."""
         if not table.num_rows:
             return [], ({}, (), None)
         table = table.cast(physical_arrow_schema(rel.columns)).sort_by(
@@ -425,27 +457,77 @@ class RelationStore:
         first key column's distinct values to the driver (``Appended.keys``) when
         there are at most ``KEY_VALUES``. Idempotent per epoch: a retried append
         finds the files the first one committed."""
-        table_path = str(self.path(rel))
-        dt = DeltaTable(table_path)
-        if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
-            return self._appended(rel, epoch, int(dt.version()), collect_keys)
-        subdir = f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
+        if (done := self._committed_append(rel, epoch, collect_keys)) is not None:
+            return done[0]
+        subdir = self._log_subdir(epoch)
         # the set is collected whole: only for a Δ expected small
         key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
         rows_df = delta.withColumn(EPOCH, F.lit(epoch))
         if rows_hint <= LOCAL_WRITE_ROWS:
-            actions, (counts, vnodes, keys) = self._write_local(rel, rows_df, subdir,
-                                                                key_column)
+            actions, observed = self._write_arrow(rel, self._arrow_rows(rel, rows_df),
+                                                  subdir, key_column)
         else:
             observation = Observation(f"sf_append_{uuid.uuid4().hex}")
             actions = self._write_files(rel, rows_df, subdir, rows_hint,
                                         observation=observation, key_column=key_column)
-            counts, vnodes, keys = _observed(observation.get)
-        out = self.path(rel) / subdir
+            observed = _observed(observation.get)
+        return self._commit_append(rel, epoch, subdir, actions, observed)
+
+    def append_many(self, items: Sequence[tuple[StoredRelation, DataFrame]],
+                    epoch: int) -> list[Appended | None]:
+        """``append`` of several small changelogs (each expected to hold at most
+        ``LOCAL_WRITE_ROWS`` rows) of different relations for ``epoch``: their rows
+        come to the driver in one Spark job, then each is written and committed as
+        ``append`` would. Idempotent per relation and epoch, as ``append``."""
+        results: list[Appended | None] = [None] * len(items)
+        todo: list[int] = []
+        for i, (rel, _) in enumerate(items):
+            if (done := self._committed_append(rel, epoch, False)) is not None:
+                results[i] = done[0]
+            else:
+                todo.append(i)
+        if len(todo) == 1:
+            rel, delta = items[todo[0]]
+            results[todo[0]] = self.append(rel, epoch, delta, 0)
+            return results
+        if not todo:
+            return results
+        tables = self._arrow_rows_many([(items[i][0], items[i][1].withColumn(EPOCH, F.lit(epoch)))
+                                        for i in todo])
+        for i, table in zip(todo, tables, strict=True):
+            rel = items[i][0]
+            subdir = self._log_subdir(epoch)
+            actions, observed = self._write_arrow(rel, table, subdir, None)
+            results[i] = self._commit_append(rel, epoch, subdir, actions, observed)
+        return results
+
+    @staticmethod
+    def _log_subdir(epoch: int) -> str:
+        return f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
+
+    def _committed_append(self, rel: StoredRelation, epoch: int, collect_keys: bool,
+                          ) -> tuple[Appended | None] | None:
+        """The append of ``epoch`` an earlier attempt committed, as a 1-tuple (its
+        changelog may be empty: None inside); None when there was none."""
+        dt = DeltaTable(str(self.path(rel)))
+        if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
+            return (self._appended(rel, epoch, int(dt.version()), collect_keys),)
+        return None
+
+    def _commit_append(self, rel: StoredRelation, epoch: int, subdir: str,
+                       actions: list[AddAction | RemoveAction],
+                       observed: tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None],
+                       ) -> Appended | None:
+        """Commit the files an append wrote under ``subdir`` as ``epoch``'s Delta
+        version (None, and nothing committed, when they hold no row)."""
+        counts, vnodes, keys = observed
+        table_path = self.path(rel)
+        out = table_path / subdir
         if not sum(counts.values()):
             shutil.rmtree(out, ignore_errors=True)
             self.meta.remove_pending_dir(str(out))
             return None
+        dt = DeltaTable(str(table_path))
         dt.create_write_transaction(
             actions, mode="append", schema=dt.schema(),
             commit_properties=CommitProperties(
@@ -453,7 +535,7 @@ class RelationStore:
         )
         self.meta.remove_pending_dir(str(out))
         files = [str(table_path / Path(a.path)) for a in actions if isinstance(a, AddAction)]
-        return Appended(_committed_version(table_path), counts, vnodes,
+        return Appended(_committed_version(str(table_path)), counts, vnodes,
                         self._read_delta(rel, files), keys)
 
     def _appended(self, rel: StoredRelation, epoch: int, version: int,
