@@ -139,6 +139,46 @@ def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
         assert _snap(st_, rel, epoch) == expected
 
 
+def test_a_log_that_is_already_a_base_is_adopted_without_a_rewrite(store, spark):
+    """Compaction of a relation first filled by one epoch (only inserts: its log is
+    its live rows) links the log files under base/ instead of rewriting them (no
+    Spark job, same files' rows); every epoch stays readable, also once the log
+    paths are gone (vacuumed). A log with a retraction is rewritten."""
+    st_, meta, rel = store
+    _commit(st_, meta, rel, 1, [(i, str(i), "+") for i in range(300)], spark)
+    log_files = st_.files_at(rel, 1)
+    jobs = st_.spark_jobs
+    st_.compact(rel, 1, 300)
+    assert st_.spark_jobs == jobs, "adopted: no Spark job"
+    base = st_.files_at(rel, 1)
+    assert {f.kind for f in base} == {"base"} and len(base) == len(log_files) > 1
+    assert sorted((f.rows, f.vnode_min, f.vnode_max, f.key_min, f.key_max) for f in base) == \
+        sorted((f.rows, f.vnode_min, f.vnode_max, f.key_min, f.key_max) for f in log_files)
+    for f in log_files:  # as vacuum leaves it: the base keeps its rows
+        Path(f.uri).unlink()
+    assert _snap(st_, rel, 1) == [(i, str(i)) for i in range(300)]
+    _commit(st_, meta, rel, 2, [(1, "1", "U-"), (1, "x", "U+"), (2, "2", "-"), (500, "n", "+")],
+            spark)
+    want = sorted([(1, "x"), (500, "n")] + [(i, str(i)) for i in range(3, 300)] + [(0, "0")])
+    assert _snap(st_, rel, 2) == want
+    jobs = st_.spark_jobs
+    st_.compact(rel, 2, 299)
+    assert st_.spark_jobs > jobs, "a log with retractions is rewritten"
+    assert {f.kind for f in st_.files_at(rel, 2)} == {"base"}
+    assert _snap(st_, rel, 2) == want
+    assert _snap(st_, rel, 1) == [(i, str(i)) for i in range(300)]
+
+
+def test_a_log_of_upserts_is_not_adopted(store, spark):
+    """The first epoch of a relation may hold U-/U+ pairs (a snapshot job's tagged
+    append) or a retraction: then its rows are not its live rows and it is rewritten."""
+    st_, meta, rel = store
+    _commit(st_, meta, rel, 1, [(1, "a", "+"), (2, "b", "U-"), (2, "b2", "U+")], spark)
+    st_.compact(rel, 1, 2)
+    assert {f.kind for f in st_.files_at(rel, 1)} == {"base"}
+    assert _snap(st_, rel, 1) == [(1, "a"), (2, "b2")]
+
+
 def test_range_reads_prune_files(store, spark):
     st_, meta, rel = store
     _commit(st_, meta, rel, 1, [(i, str(i), "+") for i in range(400)], spark)

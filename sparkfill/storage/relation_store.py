@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import os
 import shutil
 import time
 import uuid
@@ -351,10 +352,7 @@ class RelationStore:
         table_path = self.path(rel)
         out = table_path / subdir
         n_files = max(1, math.ceil(rows / self.target_file_rows))
-        # one small file: coalesce; several: range-partition so each file covers a
-        # narrow vnode range
-        ordered = (df.coalesce(1) if n_files == 1
-                   else df.repartitionByRange(n_files, VNODE, *rel.key))
+        ordered, sampled = _by_vnode_range(df, n_files, rel.key)
         ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
         schema = physical_struct(rel.columns)
         ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
@@ -366,7 +364,7 @@ class RelationStore:
             self.meta.add_pending_dir(rel.id, str(out))
         ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
         if register:  # the epoch loop's writes (a snapshot job's run beside it)
-            self.spark_jobs += 1 if n_files == 1 else 2  # a range partitioner samples first
+            self.spark_jobs += 2 if sampled else 1  # a range partitioner samples first
         actions: list[AddAction | RemoveAction] = []
         first_key = rel.key[0]
         now_ms = int(time.time() * 1000)
@@ -596,13 +594,24 @@ class RelationStore:
             self.min_compact_rows, self.log_fraction * base_rows)
 
     def compact(self, rel: StoredRelation, epoch: int, live_rows: int) -> int:
-        """Fold log into base as of committed ``epoch`` in one Delta commit."""
+        """Fold log into base as of committed ``epoch`` in one Delta commit. A log that
+        already is a base — every file written by ``epoch`` alone, holding only the
+        ``live_rows`` live rows (a relation first filled by that epoch: a load, a
+        blocking backfill) — is adopted as it is: its files are linked under
+        ``base/`` (no Spark job) instead of rewritten."""
         version = self.meta.version_at(rel.id, epoch)
         assert version is not None
         old_files = self.files(rel, version)
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
-        snap = self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
-        actions = self._write_files(rel, snap, subdir, live_rows)
+        # (and in about as many files as a rewrite would make: a small Δ that was
+        # split by its upstream's size is rewritten, cheaply, into fewer)
+        if (_is_base_of(old_files, epoch, live_rows)
+                and len(old_files) <= 2 * math.ceil(live_rows / self.target_file_rows)):
+            actions = self._link_as_base(rel, old_files, subdir)
+        else:
+            snap = (self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch))
+                    .withColumn(OP, F.lit("+")))
+            actions = self._write_files(rel, snap, subdir, live_rows)
         table_path = str(self.path(rel))
         dt = DeltaTable(table_path)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
@@ -612,6 +621,28 @@ class RelationStore:
             self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in old_files])
             conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (str(self.path(rel) / subdir),))
         return new_version
+
+    def _link_as_base(self, rel: StoredRelation, files: Sequence[DataFile],
+                      subdir: str) -> list[AddAction | RemoveAction]:
+        """Link (or, where the filesystem cannot, copy) ``files`` under ``subdir`` as
+        base files (statistics from their footers); the log paths stay readable by earlier
+        versions until vacuumed."""
+        table_path = self.path(rel)
+        out = table_path / subdir
+        self.meta.add_pending_dir(rel.id, str(out))
+        out.mkdir(parents=True)
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = []
+        for i, f in enumerate(files):
+            target = out / f"part-{i:05d}-{Path(f.path).name}"
+            try:
+                os.link(f.uri, target)
+            except OSError:
+                shutil.copyfile(f.uri, target)
+            actions.append(_add_action(table_path, target,
+                                       _file_stats(target, [VNODE, EPOCH, rel.key[0]]),
+                                       now_ms))
+        return actions
 
     def reset(self, rel: StoredRelation) -> int:
         """Remove every file of a relation in one commit (a restarted job)."""
@@ -631,6 +662,31 @@ class RelationStore:
         refs = self.referenced(rel)
         if not any(r.startswith(dir_ + "/") for r in refs):
             shutil.rmtree(dir_, ignore_errors=True)
+
+
+def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[DataFrame, bool]:
+    """``df`` in ``n_files`` partitions, each a contiguous range of vnodes (with the
+    keys, when there are more files than vnodes), and whether placing them runs a
+    sampling job. One file: coalesced. Up to 256 files: partition ``p`` holds vnodes
+    ``[256p/n, 256(p+1)/n)``, placed by id (vnodes are hashes: even ranges hold about
+    even rows), so Spark computes ``df`` once, where a range partitioner's sampling
+    job would compute it twice. Beyond that, or on a Spark without ``repartitionById``
+    (before 4.1): range-partitioned by ``(_vnode, key)``, sampled."""
+    if n_files == 1:
+        return df.coalesce(1), False
+    if n_files <= 256 and hasattr(df, "repartitionById"):
+        part = F.floor(F.col(VNODE) * F.lit(n_files) / F.lit(256)).cast("int")
+        return df.repartitionById(n_files, part), False
+    return df.repartitionByRange(n_files, VNODE, *key), True
+
+
+def _is_base_of(files: Sequence[DataFile], epoch: int, live_rows: int) -> bool:
+    """Whether ``files`` already are the base of a relation at ``epoch``: all log
+    files of ``epoch`` alone (so the relation was empty before it: its changelog
+    holds no retraction and each key once) whose rows are exactly the live rows."""
+    return (bool(files) and all(f.kind == "log" and f.epoch_min == f.epoch_max == epoch
+                                for f in files)
+            and sum(f.rows for f in files) == live_rows)
 
 
 def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
