@@ -44,6 +44,16 @@ def _slow_epochs(engine: Engine, monkeypatch, seconds: float) -> None:
     monkeypatch.setattr(engine.meta, "staged", slow)
 
 
+def _adaptive_mv(engine, rows: int, chunk_rows: int, target_ms: int):
+    """``kv`` loaded with ``rows`` rows and an arrangement MV ``m`` over it with that
+    chunk and target; returns the coordinator and the MV."""
+    _load(engine, rows)
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
+               f"backfill_chunk_rows = {chunk_rows}, backfill_target_epoch_ms = {target_ms}) "
+               "AS " + mv_sql(TEMPLATE, "kv"))
+    return engine.coordinator, engine.catalog.get("m")
+
+
 def test_slow_epochs_do_not_shrink_the_chunk(engine, spark, monkeypatch):
     _load(engine, 3000)
     _slow_epochs(engine, monkeypatch, 30.0)
@@ -77,12 +87,7 @@ def test_slow_epochs_do_not_shrink_the_chunk(engine, spark, monkeypatch):
 def test_floor_finishes_any_job_in_bounded_epochs(engine, spark, monkeypatch):
     bound = 10  # the floor finishes a job in about this many epochs
     monkeypatch.setattr(coordinator, "MAX_BACKFILL_EPOCHS", bound)
-    _load(engine, 5000)
-    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
-               "backfill_chunk_rows = 4, backfill_target_epoch_ms = 1) AS "
-               + mv_sql(TEMPLATE, "kv"))
-    coord = engine.coordinator
-    mv = engine.catalog.get("m")
+    coord, mv = _adaptive_mv(engine, 5000, 4, 1)
     for _ in range(30):  # every epoch far above the target, all of it the backfill's
         coord._adapt_budget(mv, 60.0)
     assert coord._budget_of(mv) >= 5000 / bound
@@ -143,12 +148,7 @@ def test_the_chunk_follows_the_mvs_own_time_not_other_mvs(engine, spark):
     """With every epoch backfilling something (no epoch measures the base cost), an
     epoch slow because of other work leaves the chunk growing when the MV's own Δ
     took little of it, and shrinks it when the MV's own Δ was the slow part."""
-    _load(engine, 3000)
-    engine.sql("CREATE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
-               "backfill_chunk_rows = 400, backfill_target_epoch_ms = 4000) AS "
-               + mv_sql(TEMPLATE, "kv"))
-    coord = engine.coordinator
-    mv = engine.catalog.get("m")
+    coord, mv = _adaptive_mv(engine, 3000, 400, 4000)
     coord._base_samples.clear()
     coord._adapt_budget(mv, 20.0, own_seconds=0.3)  # 19.7 s of others' work
     assert coord._budget_of(mv) == 800
@@ -156,3 +156,35 @@ def test_the_chunk_follows_the_mvs_own_time_not_other_mvs(engine, spark):
     assert coord._budget_of(mv) == 400
     coord._adapt_budget(mv, 20.0)  # nothing known of its own share: the whole epoch
     assert coord._budget_of(mv) == 200
+
+
+def test_the_chunk_holds_when_the_mvs_fixed_work_is_the_slow_part(engine, spark):
+    """An MV's own time holds its steady work too (its upstream's changes), which no
+    chunk size changes: when that fixed part alone overruns the target, the chunk
+    holds instead of shrinking to the floor (the crawl); when the time does follow
+    the chunk, the chunk shrinks to what the target leaves it."""
+    coord, mv = _adaptive_mv(engine, 3000, 400, 4000)
+
+    def epochs(fixed: float, per_row: float, n: int) -> list[int]:
+        coord._base_samples.clear()
+        coord._own_samples.clear()
+        coord._cost_fits.clear()
+        coord._budget[mv.id] = 400
+        seen = []
+        for _ in range(n):
+            rows = coord._budget_of(mv)
+            own = fixed + per_row * rows
+            coord._adapt_budget(mv, own, own_seconds=own, rows=rows)
+            seen.append(coord._budget_of(mv))
+        return seen
+
+    # 5 s of steady work per epoch against a 4 s target, 1 ms per chunk row: the
+    # proportional rule alone would halve the chunk to its floor (100) in two epochs
+    held = epochs(5.0, 0.001, 12)
+    assert min(held[2:]) >= 200 and held[-1] == held[-2], held
+    # 10 ms per chunk row and no fixed part: the chunk settles near 400 rows (4 s)
+    settled = epochs(0.0, 0.01, 12)
+    assert 300 <= settled[-1] <= 450, settled
+    # 1 s fixed, 10 ms per row: near (4 - 1) / 0.01 = 300 rows
+    mixed = epochs(1.0, 0.01, 12)
+    assert 200 <= mixed[-1] <= 350, mixed

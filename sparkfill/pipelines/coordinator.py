@@ -64,6 +64,10 @@ LOG = logging.getLogger("sparkfill")
 STALL_EPOCHS = 5
 #: the adaptive chunk never falls below what finishes a job in about this many epochs
 MAX_BACKFILL_EPOCHS = 100
+#: nor grows above this many times ``backfill_chunk_rows`` (1,000,000 rows by default:
+#: a Spark job's fixed cost is paid once per epoch, so a job over millions of rows
+#: needs chunks of this order to finish in tens of epochs, not hundreds)
+MAX_CHUNK_FACTOR = 100
 
 
 @dataclass
@@ -127,6 +131,22 @@ class EpochAppends:
         return sum(self.counts.get(rel_id, {}).values())
 
 
+def _chunk_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """A backfill's own time per epoch as ``fixed + per_row * rows``, fitted (least
+    squares) to its last epochs' (rows, seconds); None while they are too few (3) or
+    their chunk sizes too alike (max < 1.3 min) to tell the two apart."""
+    if len(samples) < 3:
+        return None
+    rows = [float(r) for r, _ in samples]
+    secs = [t for _, t in samples]
+    if min(rows) <= 0 or max(rows) < 1.3 * min(rows):
+        return None
+    mean_r, mean_t = statistics.fmean(rows), statistics.fmean(secs)
+    var = sum((r - mean_r) ** 2 for r in rows)
+    per_row = sum((r - mean_r) * (t - mean_t) for r, t in zip(rows, secs, strict=True)) / var
+    return max(0.0, mean_t - per_row * mean_r), per_row
+
+
 def uses_snapshot_job(rel: Relation) -> bool:
     """A creating MV whose backfill is a snapshot job (a top-N has none: it reads its
     whole input in one epoch)."""
@@ -159,6 +179,11 @@ class EpochCoordinator:
         self.last_rows_read: dict[str, int] = {}
         #: seconds of the last epochs without backfill work
         self._base_samples: deque[float] = deque(maxlen=5)
+        #: (snapshot rows read, own seconds) of each backfilling MV's last epochs
+        self._own_samples: dict[int, deque[tuple[int, float]]] = defaultdict(
+            lambda: deque(maxlen=6))
+        #: each backfilling MV's last fitted (fixed seconds, seconds per chunk row)
+        self._cost_fits: dict[int, tuple[float, float]] = {}
 
     # --- planning -------------------------------------------------------------------------
 
@@ -190,16 +215,23 @@ class EpochCoordinator:
         return statistics.median(self._base_samples) if self._base_samples else None
 
     def _adapt_budget(self, mv: Relation, epoch_seconds: float,
-                      own_seconds: float | None = None) -> None:
+                      own_seconds: float | None = None, rows: int | None = None) -> None:
         """The RFC's "final way", budgeted from the backfill's own share of the epoch:
         grow or shrink the chunk so that what the backfill adds to an epoch — the
         time the epoch spent on this MV's Δ (``own_seconds``), and at most the epoch's
         time above ``base_seconds`` when that is known — stays near what the target
         leaves it (the target less the rest of the epoch, at least half the target).
         Epochs that are slow for other reasons (other MVs, other jobs) do not shrink
-        it, and it never falls below the chunk that finishes the job in
+        it; it at most doubles per epoch, up to ``MAX_CHUNK_FACTOR`` times
+        ``backfill_chunk_rows``, and it never falls below the chunk that finishes the job in
         ``MAX_BACKFILL_EPOCHS`` (nor below a quarter of ``backfill_chunk_rows``), so a
-        job never slows to a crawl."""
+        job never slows to a crawl.
+
+        The MV's own time also holds its steady work (its upstream's changes), which no
+        chunk size changes. With ``rows`` (the snapshot rows the epoch read), the last
+        epochs' (rows, own time) fit a fixed cost plus a cost per row: over the target,
+        the chunk shrinks to what the per-row cost leaves room for, and holds when the
+        fixed cost alone overruns (shrinking would only slow the job)."""
         assert mv.options is not None
         target = mv.options.target_epoch_ms / 1000.0
         if target <= 0 or mv.options.strategy != "arrangement":
@@ -212,11 +244,23 @@ class EpochCoordinator:
         own = max(0.05, own)
         rest = max(0.0, epoch_seconds - own)
         allowed = max(target - rest, target / 2)
-        factor = min(2.0, max(0.5, allowed / own))
+        samples = self._own_samples[mv.id]
+        if rows is not None and own_seconds is not None:
+            samples.append((rows, own))
+        fit = _chunk_cost(samples) or self._cost_fits.get(mv.id)  # alike chunks: the last fit
+        if fit is not None:
+            self._cost_fits[mv.id] = fit
+        if fit is None or own <= allowed:
+            factor = allowed / own
+        elif fit[1] <= 0 or fit[0] >= allowed:
+            factor = 1.0  # the chunk is not what makes the epoch slow: hold it
+        else:
+            factor = (allowed - fit[0]) / fit[1] / max(1.0, self._budget_of(mv))
+        factor = min(2.0, max(0.5, factor))
         base = mv.options.chunk_rows
         total = sum(leaf.row_count for leaf in self.catalog.leaves_of(mv))
         floor = max(1.0, base / 4, total / MAX_BACKFILL_EPOCHS)
-        self._budget[mv.id] = min(max(base * 20.0, floor),
+        self._budget[mv.id] = min(max(base * float(MAX_CHUNK_FACTOR), floor),
                                   max(floor, self._budget_of(mv) * factor))
 
     def _liveness_rows(self, mv: Relation) -> int:
@@ -404,7 +448,8 @@ class EpochCoordinator:
         for mv_id in chunk_rows:
             mv = self.catalog.get_by_id(mv_id)
             self._samples[mv_id].append(_RateSample(finished, self._rows_done(mv)))
-            self._adapt_budget(mv, finished - started, own_seconds.get(mv_id))
+            self._adapt_budget(mv, finished - started, own_seconds.get(mv_id),
+                               chunk_rows[mv_id])
         after_commit("compaction and vacuum", lambda: self._housekeep(epoch, appends.versions))
         changes = {self.catalog.get_by_id(rid).name:
                    c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}
