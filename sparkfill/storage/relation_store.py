@@ -455,7 +455,8 @@ class RelationStore:
         first key column's distinct values to the driver (``Appended.keys``) when
         there are at most ``KEY_VALUES``. Idempotent per epoch: a retried append
         finds the files the first one committed."""
-        if (done := self._committed_append(rel, epoch, collect_keys)) is not None:
+        dt = DeltaTable(str(self.path(rel)))
+        if (done := self._committed_append(dt, rel, epoch, collect_keys)) is not None:
             return done[0]
         subdir = self._log_subdir(epoch)
         # the set is collected whole: only for a Δ expected small
@@ -469,7 +470,7 @@ class RelationStore:
             actions = self._write_files(rel, rows_df, subdir, rows_hint,
                                         observation=observation, key_column=key_column)
             observed = _observed(observation.get)
-        return self._commit_append(rel, epoch, subdir, actions, observed)
+        return self._commit_append(dt, rel, epoch, subdir, actions, observed)
 
     def append_many(self, items: Sequence[tuple[StoredRelation, DataFrame]],
                     epoch: int) -> list[Appended | None]:
@@ -478,46 +479,44 @@ class RelationStore:
         come to the driver in one Spark job, then each is written and committed as
         ``append`` would. Idempotent per relation and epoch, as ``append``."""
         results: list[Appended | None] = [None] * len(items)
-        todo: list[int] = []
+        todo: list[tuple[int, DeltaTable]] = []
         for i, (rel, _) in enumerate(items):
-            if (done := self._committed_append(rel, epoch, False)) is not None:
+            dt = DeltaTable(str(self.path(rel)))
+            if (done := self._committed_append(dt, rel, epoch, False)) is not None:
                 results[i] = done[0]
             else:
-                todo.append(i)
-        if len(todo) == 1:
-            rel, delta = items[todo[0]]
-            results[todo[0]] = self.append(rel, epoch, delta, 0)
-            return results
+                todo.append((i, dt))
         if not todo:
             return results
         tables = self._arrow_rows_many([(items[i][0], items[i][1].withColumn(EPOCH, F.lit(epoch)))
-                                        for i in todo])
-        for i, table in zip(todo, tables, strict=True):
+                                        for i, _ in todo])
+        for (i, dt), table in zip(todo, tables, strict=True):
             rel = items[i][0]
             subdir = self._log_subdir(epoch)
             actions, observed = self._write_arrow(rel, table, subdir, None)
-            results[i] = self._commit_append(rel, epoch, subdir, actions, observed)
+            results[i] = self._commit_append(dt, rel, epoch, subdir, actions, observed)
         return results
 
     @staticmethod
     def _log_subdir(epoch: int) -> str:
         return f"log/e{epoch:010d}-{uuid.uuid4().hex[:8]}"
 
-    def _committed_append(self, rel: StoredRelation, epoch: int, collect_keys: bool,
-                          ) -> tuple[Appended | None] | None:
-        """The append of ``epoch`` an earlier attempt committed, as a 1-tuple (its
-        changelog may be empty: None inside); None when there was none."""
-        dt = DeltaTable(str(self.path(rel)))
+    def _committed_append(self, dt: DeltaTable, rel: StoredRelation, epoch: int,
+                          collect_keys: bool) -> tuple[Appended | None] | None:
+        """The append of ``epoch`` an earlier attempt committed to ``rel``'s table
+        ``dt``, as a 1-tuple (its changelog may be empty: None inside); None when
+        there was none."""
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
             return (self._appended(rel, epoch, int(dt.version()), collect_keys),)
         return None
 
-    def _commit_append(self, rel: StoredRelation, epoch: int, subdir: str,
+    def _commit_append(self, dt: DeltaTable, rel: StoredRelation, epoch: int, subdir: str,
                        actions: list[AddAction | RemoveAction],
                        observed: tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None],
                        ) -> Appended | None:
         """Commit the files an append wrote under ``subdir`` as ``epoch``'s Delta
-        version (None, and nothing committed, when they hold no row)."""
+        version of ``rel``'s table ``dt`` (None, and nothing committed, when they hold
+        no row)."""
         counts, vnodes, keys = observed
         table_path = self.path(rel)
         out = table_path / subdir
@@ -525,7 +524,6 @@ class RelationStore:
             shutil.rmtree(out, ignore_errors=True)
             self.meta.remove_pending_dir(str(out))
             return None
-        dt = DeltaTable(str(table_path))
         dt.create_write_transaction(
             actions, mode="append", schema=dt.schema(),
             commit_properties=CommitProperties(
