@@ -77,6 +77,7 @@ from .storage.lock import AdvisoryLock, WriterLock
 from .storage.meta_store import MetaStore, PgTarget, SourceRow, check_meta, open_postgres
 from .storage.metadata import explain_existing, show_rows, show_schema
 from .storage.relation_store import RelationStore
+from .storage.warehouse import Warehouse
 
 __all__ = ["Engine"]
 
@@ -191,12 +192,12 @@ class Engine:
                                   read_only=read_only)
             if isinstance(self._lock, AdvisoryLock):
                 self.meta.fence = self._lock.check
-            self.store = RelationStore(self.spark, self.path / "relations", self.meta)
+            self.warehouse = Warehouse(self.path)
+            self.store = RelationStore(self.spark, self.warehouse, self.meta)
             self.catalog = Catalog(self.meta)
-            self.stager = DmlStager(self.spark, self.meta, self.path / "staging" / "dml")
-            self.sources = SourceManager(self.spark, self.meta, self.path / "staging" / "dml",
-                                         self.path)
-            self.sinks = SinkManager(self.spark, self.meta, self.store, self.path)
+            self.stager = DmlStager(self.spark, self.meta, self.warehouse)
+            self.sources = SourceManager(self.spark, self.meta, self.warehouse)
+            self.sinks = SinkManager(self.spark, self.meta, self.store, self.warehouse)
             self.coordinator = EpochCoordinator(self.spark, self.meta, self.store, self.catalog,
                                                 self.stager, retain_epochs)
             self._session_options: dict[str, Any] = {}

@@ -44,6 +44,7 @@ from .storage.catalog import Catalog, Relation
 from .storage.meta_store import MetaStore, SinkRow
 from .storage.relation_store import RelationStore
 from .storage.schema import VNODE, VNODE_COUNT, arrow_type
+from .storage.warehouse import Warehouse
 
 __all__ = ["SinkManager", "APP_PREFIX", "synced_epoch"]
 
@@ -71,11 +72,12 @@ def _local(path: str) -> Path:
 
 class SinkManager:
     def __init__(self, spark: SparkSession, meta: MetaStore, store: RelationStore,
-                 warehouse: Path) -> None:
+                 warehouse: Warehouse) -> None:
         self.spark = spark
         self.meta = meta
         self.store = store
-        self.warehouse = warehouse
+        assert warehouse.local_path is not None  # TODO: sinks beside an object store
+        self.warehouse = warehouse.local_path
 
     # --- catalog --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from sparkfill.storage.keyrange import END, Position, gt, le
 from sparkfill.storage.meta_store import EpochCommit, MetaStore
 from sparkfill.storage.relation_store import RelationStore, StoredRelation
 from sparkfill.storage.schema import OP, VNODE, Column, vnode_expr, vnodes_of
+from sparkfill.storage.warehouse import Warehouse
 
 COLUMNS = (Column("id", "bigint", False), Column("v", "string", True))
 KEY = ("id",)
@@ -30,7 +31,7 @@ def store(request, tmp_path: Path, spark, monkeypatch):
     if request.param == "executors":
         monkeypatch.setattr(relation_store, "LOCAL_WRITE_ROWS", -1)
     meta = MetaStore(tmp_path / "meta.sqlite")
-    st_ = RelationStore(spark, tmp_path / "relations", meta, target_file_rows=40,
+    st_ = RelationStore(spark, Warehouse(tmp_path), meta, target_file_rows=40,
                         max_log_files=1000, min_compact_rows=10**9)
     rel = StoredRelation(1, "r", "000001-r", COLUMNS, KEY)
     st_.create(rel.dir, COLUMNS)
@@ -78,7 +79,7 @@ def test_delta_checkpoints_keep_every_version_readable(store, spark, tmp_path, m
     _commit(st_, meta, rel, 3, [(2, "b", "-"), (3, "c", "+")], spark)
     log_dir = tmp_path / "relations" / rel.dir / "_delta_log"
     assert list(log_dir.glob("*.checkpoint.parquet")), sorted(p.name for p in log_dir.iterdir())
-    fresh = RelationStore(spark, tmp_path / "relations", meta)  # no cached file lists
+    fresh = RelationStore(spark, Warehouse(tmp_path), meta)  # no cached file lists
     assert _snap(fresh, rel, 1) == [(1, "a"), (2, "b")]
     assert _snap(fresh, rel, 2) == [(1, "a2"), (2, "b")]
     assert _snap(fresh, rel, 3) == [(1, "a2"), (3, "c")]

@@ -269,7 +269,7 @@ class SnapshotJob(threading.Thread):
 
     def _clear_uncommitted(self, rel: Relation) -> None:
         """Files of an earlier, interrupted attempt (never committed)."""
-        for d in (self.store.path(rel.stored) / "log").glob(f"e{self.s:010d}-snap-*"):
+        for d in (Path(self.store.path(rel.stored)) / "log").glob(f"e{self.s:010d}-snap-*"):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -70,7 +70,7 @@ class SnapshotJobs:
     # --- phase 1's thread -----------------------------------------------------------------
 
     def job_dir(self, mv: Relation) -> Path:
-        return self.store.root / "_jobs" / f"{mv.id:06d}"
+        return Path(self.store.root) / "_jobs" / f"{mv.id:06d}"  # TODO: object store
 
     def _in_phase_1(self, mv: Relation) -> bool:
         rows = self.meta.progress(mv.id)

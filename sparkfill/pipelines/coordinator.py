@@ -25,7 +25,6 @@ Epoch ``e``:
 from __future__ import annotations
 
 import logging
-import shutil
 import statistics
 import time
 from collections import defaultdict, deque
@@ -611,7 +610,7 @@ class EpochCoordinator:
         for rel_id, path in self.meta.removed_files_before(horizon):
             rel = by_id.get(rel_id)
             if rel is not None:
-                (self.store.path(rel.stored) / path).unlink(missing_ok=True)
+                self.store.warehouse.rmtree(f"{self.store.path(rel.stored)}/{path}")
         with self.meta.transaction() as conn:
             self.meta.forget_removed_files(conn, horizon)
             self.meta.prune_versions(conn, horizon)
@@ -622,13 +621,15 @@ class EpochCoordinator:
         for rel in by_id.values():
             if rel.id in held:
                 continue
+            wh = self.store.warehouse
+            if not wh.is_local:
+                continue  # an object store has no directories: nothing is left behind
             for sub in ("log", "base"):
-                root = self.store.path(rel.stored) / sub
-                if root.exists():
-                    for d in root.iterdir():
-                        if d.is_dir() and not any(p.suffix == ".parquet" or p.is_dir()
-                                                  for p in d.iterdir()):
-                            shutil.rmtree(d, ignore_errors=True)
+                for d in wh.list(f"{self.store.path(rel.stored)}/{sub}"):
+                    if wh.is_file(d):
+                        continue
+                    if not any(e.endswith(".parquet") or not wh.is_file(e) for e in wh.list(d)):
+                        wh.rmtree(d)
 
     # --- progress -------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.dml import IDX, KIND, SEQ, UPSERT
 from ..storage.meta_store import MetaStore, SourceRow, StagedBatch
 from ..storage.schema import Column, spark_type
+from ..storage.warehouse import Warehouse
 from .base import BatchContext, Connector, SourceBatch, TableShape
 from .cdc_files import DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, CdcFilesConnector
 from .datagen import DatagenConnector
@@ -56,13 +57,13 @@ def _count(path: Path) -> int:
 
 
 class SourceManager:
-    def __init__(self, spark: SparkSession, meta: MetaStore, staging_dir: Path,
-                 warehouse: Path) -> None:
+    def __init__(self, spark: SparkSession, meta: MetaStore, warehouse: Warehouse) -> None:
         self.spark = spark
         self.meta = meta
-        self.dir = staging_dir
-        self.warehouse = warehouse
-        self.scratch = warehouse / "staging" / "sources"
+        assert warehouse.local_path is not None  # TODO: staging on an object store
+        self.dir = warehouse.local_path / "staging" / "dml"
+        self.warehouse = warehouse.local_path
+        self.scratch = warehouse.local_path / "staging" / "sources"
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     # --- definitions ----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, RelationStore
 from .schema import VNODE, arrow_type, quoted, spark_type, vnode_expr, vnodes_of
+from .warehouse import Warehouse
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
 
@@ -53,10 +54,12 @@ def _stage_struct(rel: Relation) -> T.StructType:
 
 
 class DmlStager:
-    def __init__(self, spark: SparkSession, meta: MetaStore, staging_dir: Path) -> None:
+    def __init__(self, spark: SparkSession, meta: MetaStore, warehouse: Warehouse) -> None:
         self.spark = spark
         self.meta = meta
-        self.dir = staging_dir
+        self.warehouse = warehouse
+        assert warehouse.local_path is not None  # TODO: staging on an object store
+        self.dir = warehouse.local_path / "staging" / "dml"
         self.dir.mkdir(parents=True, exist_ok=True)
 
     # --- validation -----------------------------------------------------------------------

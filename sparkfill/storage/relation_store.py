@@ -24,20 +24,16 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import os
-import shutil
 import time
 import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import Column as SparkColumn
@@ -47,6 +43,7 @@ from pyspark.sql import types as T
 
 from .keyrange import Position, gt, values_in, vnode_in
 from .meta_store import MetaStore
+from .object_files import arrow_file_stats
 from .schema import (
     EPOCH,
     OP,
@@ -56,6 +53,8 @@ from .schema import (
     physical_struct,
     quoted,
 )
+from .spark_files import WrittenFile, parquet_stats, read_parquet, write_parquet
+from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
            "BEFORE_OPS", "OPS", "KEY_VALUES", "LOCAL_WRITE_ROWS"]
@@ -143,7 +142,7 @@ class RelationStore:
     def __init__(
         self,
         spark: SparkSession,
-        root: Path,
+        warehouse: Warehouse,
         meta: MetaStore,
         target_file_rows: int = 50_000,
         max_log_files: int = 16,
@@ -151,7 +150,9 @@ class RelationStore:
         min_compact_rows: int = 10_000,
     ) -> None:
         self.spark = spark
-        self.root = root
+        self.warehouse = warehouse
+        #: the URI of the folder holding every relation's Delta table
+        self.root = warehouse.join("relations")
         self.meta = meta
         self.target_file_rows = target_file_rows
         self.max_log_files = max_log_files
@@ -177,21 +178,24 @@ class RelationStore:
         finally:
             self.reader = previous
 
-    def path(self, rel: StoredRelation) -> Path:
-        return self.root / rel.dir
+    def path(self, rel: StoredRelation) -> str:
+        """The URI of the relation's Delta table."""
+        return f"{self.root}/{rel.dir}"
+
+    def _table(self, rel: StoredRelation, version: int | None = None) -> DeltaTable:
+        return self.warehouse.delta(self.path(rel), version)
 
     def create(self, dir_: str, columns: Sequence[Column]) -> int:
-        path = self.root / dir_
-        if path.exists():
-            shutil.rmtree(path)
-        DeltaTable.create(str(path), physical_arrow_schema(columns), mode="error")
+        path = f"{self.root}/{dir_}"
+        self.warehouse.rmtree(path)
+        self.warehouse.create_delta(path, physical_arrow_schema(columns))
         return 0
 
     def delete(self, dir_: str) -> None:
-        shutil.rmtree(self.root / dir_, ignore_errors=True)
+        self.warehouse.rmtree(f"{self.root}/{dir_}")
 
     def latest_version(self, rel: StoredRelation) -> int:
-        return int(DeltaTable(str(self.path(rel))).version())
+        return int(self._table(rel).version())
 
     def files(self, rel: StoredRelation, version: int) -> list[DataFile]:
         cache_key = (rel.dir, version)
@@ -200,12 +204,12 @@ class RelationStore:
             self._files_cache.move_to_end(cache_key)
             return cached
         table_path = self.path(rel)
-        dt = DeltaTable(str(table_path), version=version)
+        dt = self._table(rel, version)
         actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
         files = [
             DataFile(
                 path=a["path"],
-                uri=str(table_path / a["path"]),
+                uri=f"{table_path}/{a['path']}",
                 rows=int(a["num_records"] or 0),
                 kind="base" if a["path"].startswith("base/") else "log",
                 vnode_min=int(_stat(a, "min", VNODE, 0)),
@@ -236,7 +240,7 @@ class RelationStore:
         if not files:
             return self.spark.createDataFrame([], schema)
         self.rows_read[self.reader or rel.name] += sum(f.rows for f in files)
-        return self.spark.read.schema(schema).parquet(*[f.uri for f in files])
+        return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files])
 
     def snapshot(
         self,
@@ -350,7 +354,7 @@ class RelationStore:
         ``observation``, the written rows are counted per ``_op`` and their vnodes
         (and the distinct values of ``key_column``) collected in the same job)."""
         table_path = self.path(rel)
-        out = table_path / subdir
+        out = f"{table_path}/{subdir}"
         n_files = max(1, math.ceil(rows / self.target_file_rows))
         ordered, sampled = _by_vnode_range(df, n_files, rel.key)
         ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
@@ -358,24 +362,14 @@ class RelationStore:
         ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
         if observation is not None:
             # after the exchange: a range partitioner's sampling job does not run it
-            ordered = ordered.observe(observation, *_delta_metrics(key_column),
-                                      *_file_metrics([VNODE, EPOCH, rel.key[0]]))
+            ordered = ordered.observe(observation, *_delta_metrics(key_column))
         if register:
-            self.meta.add_pending_dir(rel.id, str(out))
-        ordered.write.mode("overwrite").option("compression", "snappy").parquet(str(out))
+            self.meta.add_pending_dir(rel.id, out)
+        written = write_parquet(ordered, self.warehouse, out, [VNODE, EPOCH, rel.key[0]])
         if register:  # the epoch loop's writes (a snapshot job's run beside it)
             self.spark_jobs += 2 if sampled else 1  # a range partitioner samples first
-        actions: list[AddAction | RemoveAction] = []
-        first_key = rel.key[0]
         now_ms = int(time.time() * 1000)
-        parts = sorted(out.glob("part-*.parquet"))
-        for part in parts:
-            # one file: its statistics were observed while it was written
-            stats = (_observed_stats(observation.get, [VNODE, EPOCH, first_key])
-                     if observation is not None and len(parts) == 1
-                     else _file_stats(part, [VNODE, EPOCH, first_key]))
-            actions.append(_add_action(table_path, part, stats, now_ms))
-        return actions
+        return [_add_action(table_path, f, now_ms) for f in written]
 
     def _arrow_rows(self, rel: StoredRelation, df: DataFrame) -> pa.Table:
         """A small ``df``'s rows on the driver as Arrow, in ``rel``'s physical schema
@@ -433,18 +427,18 @@ class RelationStore:
         if key_column is not None and not pa.types.is_timestamp(table[key_column].type):
             values["key_values"] = pc.unique(table[key_column]).to_pylist()
         table_path = self.path(rel)
-        out = table_path / subdir
-        self.meta.add_pending_dir(rel.id, str(out))
-        out.mkdir(parents=True, exist_ok=True)
+        out = f"{table_path}/{subdir}"
+        self.meta.add_pending_dir(rel.id, out)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = []
         n_files = max(1, math.ceil(table.num_rows / self.target_file_rows))
         per_file = math.ceil(table.num_rows / n_files)
         for i in range(n_files):
-            part = out / f"part-{i:05d}-{uuid.uuid4().hex}.snappy.parquet"
-            pq.write_table(table.slice(i * per_file, per_file), part, compression="snappy")
-            actions.append(_add_action(table_path, part,
-                                       _file_stats(part, [VNODE, EPOCH, rel.key[0]]), now_ms))
+            part = f"{out}/part-{i:05d}-{uuid.uuid4().hex}.snappy.parquet"
+            rows = table.slice(i * per_file, per_file)
+            size = self.warehouse.write_parquet(rows, part)
+            stats = arrow_file_stats(rows, [VNODE, EPOCH, rel.key[0]])
+            actions.append(_add_action(table_path, WrittenFile(part, size, stats), now_ms))
         return actions, _observed(values)
 
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
@@ -455,7 +449,7 @@ class RelationStore:
         first key column's distinct values to the driver (``Appended.keys``) when
         there are at most ``KEY_VALUES``. Idempotent per epoch: a retried append
         finds the files the first one committed."""
-        dt = DeltaTable(str(self.path(rel)))
+        dt = self._table(rel)
         if (done := self._committed_append(dt, rel, epoch, collect_keys)) is not None:
             return done[0]
         subdir = self._log_subdir(epoch)
@@ -481,7 +475,7 @@ class RelationStore:
         results: list[Appended | None] = [None] * len(items)
         todo: list[tuple[int, DeltaTable]] = []
         for i, (rel, _) in enumerate(items):
-            dt = DeltaTable(str(self.path(rel)))
+            dt = self._table(rel)
             if (done := self._committed_append(dt, rel, epoch, False)) is not None:
                 results[i] = done[0]
             else:
@@ -519,19 +513,19 @@ class RelationStore:
         no row)."""
         counts, vnodes, keys = observed
         table_path = self.path(rel)
-        out = table_path / subdir
+        out = f"{table_path}/{subdir}"
         if not sum(counts.values()):
-            shutil.rmtree(out, ignore_errors=True)
-            self.meta.remove_pending_dir(str(out))
+            self.warehouse.rmtree(out)
+            self.meta.remove_pending_dir(out)
             return None
         dt.create_write_transaction(
             actions, mode="append", schema=dt.schema(),
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(APP_ID, epoch, int(time.time() * 1000))]),
         )
-        self.meta.remove_pending_dir(str(out))
-        files = [str(table_path / Path(a.path)) for a in actions if isinstance(a, AddAction)]
-        return Appended(_committed_version(str(table_path)), counts, vnodes,
+        self.meta.remove_pending_dir(out)
+        files = [f"{table_path}/{a.path}" for a in actions if isinstance(a, AddAction)]
+        return Appended(self._committed_version(rel), counts, vnodes,
                         self._read_delta(rel, files), keys)
 
     def _appended(self, rel: StoredRelation, epoch: int, version: int,
@@ -550,7 +544,7 @@ class RelationStore:
 
     def _read_delta(self, rel: StoredRelation, uris: Sequence[str]) -> DataFrame:
         """A written changelog read back from its files (not counted as a state read)."""
-        return (self.spark.read.schema(physical_struct(rel.columns)).parquet(*uris)
+        return (read_parquet(self.spark, self.warehouse, physical_struct(rel.columns), uris)
                 .select(*rel.column_names, VNODE, OP))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
@@ -568,8 +562,7 @@ class RelationStore:
                      files: Sequence[dict[str, Any]]) -> int:
         """Commit prepared files as the relation's append of ``epoch`` (idempotent per
         epoch, like ``append``); returns the Delta version that holds them."""
-        table_path = str(self.path(rel))
-        dt = DeltaTable(table_path)
+        dt = self._table(rel)
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
             return int(dt.version())
         now_ms = int(time.time() * 1000)
@@ -579,7 +572,7 @@ class RelationStore:
             actions, mode="append", schema=dt.schema(),
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(APP_ID, epoch, now_ms)]))
-        return _committed_version(table_path)
+        return self._committed_version(rel)
 
     def needs_compaction(self, rel: StoredRelation, epoch: int) -> bool:
         files = self.files_at(rel, epoch)
@@ -610,14 +603,14 @@ class RelationStore:
             snap = (self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch))
                     .withColumn(OP, F.lit("+")))
             actions = self._write_files(rel, snap, subdir, live_rows)
-        table_path = str(self.path(rel))
-        dt = DeltaTable(table_path)
+        dt = self._table(rel)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
-        new_version = _committed_version(table_path)
+        new_version = self._committed_version(rel)
         with self.meta.transaction() as conn:
             self.meta.set_version(conn, rel.id, epoch, new_version)
             self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in old_files])
-            conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (str(self.path(rel) / subdir),))
+            conn.execute("DELETE FROM pending_dirs WHERE dir = ?",
+                         (f"{self.path(rel)}/{subdir}",))
         return new_version
 
     def _link_as_base(self, rel: StoredRelation, files: Sequence[DataFile],
@@ -626,40 +619,44 @@ class RelationStore:
         base files (statistics from their footers); the log paths stay readable by earlier
         versions until vacuumed."""
         table_path = self.path(rel)
-        out = table_path / subdir
-        self.meta.add_pending_dir(rel.id, str(out))
-        out.mkdir(parents=True)
+        out = f"{table_path}/{subdir}"
+        self.meta.add_pending_dir(rel.id, out)
+        self.warehouse.makedirs(out)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = []
         for i, f in enumerate(files):
-            target = out / f"part-{i:05d}-{Path(f.path).name}"
-            try:
-                os.link(f.uri, target)
-            except OSError:
-                shutil.copyfile(f.uri, target)
-            actions.append(_add_action(table_path, target,
-                                       _file_stats(target, [VNODE, EPOCH, rel.key[0]]),
-                                       now_ms))
+            target = f"{out}/part-{i:05d}-{Warehouse.name_of(f.path)}"
+            self.warehouse.link_or_copy(f.uri, target)
+            stats = parquet_stats(self.warehouse, target, [VNODE, EPOCH, rel.key[0]])
+            actions.append(_add_action(table_path, WrittenFile(target, self.warehouse.size(target),
+                                                               stats), now_ms))
         return actions
 
     def reset(self, rel: StoredRelation) -> int:
         """Remove every file of a relation in one commit (a restarted job)."""
-        table_path = str(self.path(rel))
-        dt = DeltaTable(table_path)
+        dt = self._table(rel)
         dt.create_write_transaction([], mode="overwrite", schema=dt.schema())
-        return _committed_version(table_path)
+        return self._committed_version(rel)
+
+    def _committed_version(self, rel: StoredRelation) -> int:
+        """The table's latest version after a commit; writes a checkpoint when due."""
+        dt = self._table(rel)
+        version = int(dt.version())
+        if version > 0 and version % CHECKPOINT_EVERY == 0:
+            dt.create_checkpoint()
+        return version
 
     # --- recovery and cleanup -------------------------------------------------------------
 
     def referenced(self, rel: StoredRelation) -> set[str]:
-        dt = DeltaTable(str(self.path(rel)))
-        return {str(self.path(rel) / a) for a in
+        dt = self._table(rel)
+        return {f"{self.path(rel)}/{a}" for a in
                 pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()}
 
     def remove_unreferenced_dir(self, rel: StoredRelation, dir_: str) -> None:
         refs = self.referenced(rel)
         if not any(r.startswith(dir_ + "/") for r in refs):
-            shutil.rmtree(dir_, ignore_errors=True)
+            self.warehouse.rmtree(dir_)
 
 
 def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[DataFrame, bool]:
@@ -715,10 +712,11 @@ def _observed(values: dict[str, Any],
             None if keys is None or len(keys) > KEY_VALUES else tuple(keys))
 
 
-def _add_action(table_path: Path, part: Path, stats: dict[str, Any], now_ms: int) -> AddAction:
+def _add_action(table_path: str, written: WrittenFile, now_ms: int) -> AddAction:
     """The Delta add action of a written data file of the table at ``table_path``."""
-    return AddAction(str(part.relative_to(table_path)), part.stat().st_size, {}, now_ms, True,
-                     json.dumps(stats, default=str))
+    relative = written.uri[len(table_path.rstrip("/")) + 1:]
+    return AddAction(relative, written.size, {}, now_ms, True,
+                     json.dumps(written.stats, default=str))
 
 
 def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:
@@ -733,65 +731,5 @@ def _cast_sql(field: T.StructField) -> str:
     return f"CAST({name} AS {field.dataType.simpleString()}) AS {name}"
 
 
-def _file_metrics(columns: Sequence[str]) -> list[Any]:
-    """The rows, and each column's min, max and nulls, as aggregate columns."""
-    metrics = [F.expr("count(1) AS _st_rows")]
-    for i, col in enumerate(columns):
-        metrics += [F.expr(f"min({quoted(col)}) AS _st_min{i}"),
-                    F.expr(f"max({quoted(col)}) AS _st_max{i}"),
-                    F.expr(f"count_if({quoted(col)} IS NULL) AS _st_null{i}")]
-    return metrics
-
-
-def _observed_stats(values: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
-    """Delta statistics of a file from ``_file_metrics`` observed while it was
-    written (min and max kept for integers and strings, as ``_file_stats``)."""
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for i, col in enumerate(columns):
-        lo, hi = values.get(f"_st_min{i}"), values.get(f"_st_max{i}")
-        if isinstance(lo, int | str) and not isinstance(lo, bool) and hi is not None:
-            mins[col], maxs[col], nulls[col] = lo, hi, int(values.get(f"_st_null{i}") or 0)
-    return {"numRecords": int(values["_st_rows"]), "minValues": mins, "maxValues": maxs,
-            "nullCount": nulls}
-
-
-def _file_stats(path: Path, columns: Sequence[str]) -> dict[str, Any]:
-    md = pq.ParquetFile(path).metadata
-    names = [md.schema.column(i).name for i in range(md.num_columns)]
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for col in columns:
-        if col not in names:
-            continue
-        idx = names.index(col)
-        lo = hi = None
-        n_null = 0
-        ok = True
-        for rg in range(md.num_row_groups):
-            st = md.row_group(rg).column(idx).statistics
-            if st is None or not st.has_min_max:
-                if md.row_group(rg).num_rows:
-                    ok = False
-                continue
-            lo = st.min if lo is None else min(lo, st.min)
-            hi = st.max if hi is None else max(hi, st.max)
-            n_null += st.null_count or 0
-        if ok and lo is not None and isinstance(lo, int | str):
-            mins[col], maxs[col], nulls[col] = lo, hi, n_null
-    return {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-
-
 #: a Delta checkpoint every this many versions keeps loading a table's log short
 CHECKPOINT_EVERY = 50
-
-
-def _committed_version(table_path: str) -> int:
-    """The table's latest version after a commit; writes a checkpoint when due."""
-    dt = DeltaTable(table_path)
-    version = int(dt.version())
-    if version > 0 and version % CHECKPOINT_EVERY == 0:
-        dt.create_checkpoint()
-    return version

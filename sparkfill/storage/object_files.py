@@ -1,0 +1,174 @@
+"""Parquet files on any filesystem pyarrow knows, read and written by Spark's executors.
+
+Spark reads and writes a local (or mounted) warehouse with its own Parquet source;
+an object store (``s3://``, ``gs://``, ``abfss://``, ...) needs Hadoop connector jars
+that a Spark install may lack. This module is the path that needs none: executors
+open the files through pyarrow's filesystems —
+
+- ``ArrowParquetSource`` (Spark's Python data source API) reads a list of files,
+  one input partition per file, as Arrow record batches;
+- ``parquet_writer`` is a ``mapInArrow`` function: each partition becomes one
+  Parquet file, and the function returns its path, size and Delta statistics
+  (so the driver never lists, stats or reads what was written).
+
+Invariant: this module imports nothing of sparkfill at its top, so it ships to the
+executors by value (``ship_by_value``): a cluster or a Spark Connect server needs
+pyarrow, not sparkfill, on its workers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["SOURCE_NAME", "WRITTEN_SCHEMA", "filesystem_for", "parquet_writer",
+           "arrow_file_stats", "ArrowParquetSource", "ship_by_value"]
+
+#: the name the data source is registered under
+SOURCE_NAME = "sparkfill_parquet"
+#: what ``parquet_writer`` returns per file written
+WRITTEN_SCHEMA = "path string, size long, rows long, stats string"
+
+# delta-rs storage-option keys (and their environment names) -> pyarrow S3FileSystem
+_S3_OPTIONS = {
+    "aws_access_key_id": "access_key",
+    "aws_secret_access_key": "secret_key",
+    "aws_session_token": "session_token",
+    "aws_region": "region",
+    "aws_endpoint_url": "endpoint_override",
+    "aws_endpoint": "endpoint_override",
+}
+
+
+def filesystem_for(uri: str, storage_options: dict[str, str] | None = None) -> tuple[Any, str]:
+    """The pyarrow filesystem of ``uri`` and the path inside it. ``storage_options``
+    (delta-rs style keys, e.g. ``AWS_ENDPOINT_URL``) configure an S3 filesystem; the
+    environment does the rest, as it does for delta-rs."""
+    import pyarrow.fs as pafs
+
+    options = {k.lower(): v for k, v in (storage_options or {}).items()}
+    if uri.startswith(("s3://", "s3a://")):
+        kwargs: dict[str, Any] = {}
+        for key, name in _S3_OPTIONS.items():
+            if options.get(key):
+                kwargs[name] = options[key]
+        endpoint = kwargs.get("endpoint_override")
+        if endpoint is not None and "://" in endpoint:
+            scheme, _, rest = endpoint.partition("://")
+            kwargs["scheme"], kwargs["endpoint_override"] = scheme, rest
+        path = uri.split("://", 1)[1]
+        if kwargs:
+            return pafs.S3FileSystem(**kwargs), path.rstrip("/")
+        fs, _ = pafs.FileSystem.from_uri("s3://" + path)
+        return fs, path.rstrip("/")
+    return pafs.FileSystem.from_uri(uri)
+
+
+def arrow_file_stats(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> dict[str, Any]:
+    """Delta statistics of rows about to be written: the row count and, for integer
+    and string columns of ``columns``, min, max and null count."""
+    import pyarrow.compute as pc
+
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    names = set(table.schema.names)
+    for col in columns:
+        if col not in names:
+            continue
+        array = table[col]
+        if not (pa.types.is_integer(array.type) or pa.types.is_string(array.type)
+                or pa.types.is_large_string(array.type)):
+            continue
+        mm = pc.min_max(array).as_py()
+        if mm["min"] is None:
+            continue
+        mins[col], maxs[col], nulls[col] = mm["min"], mm["max"], array.null_count
+    return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs,
+            "nullCount": nulls}
+
+
+def parquet_writer(dir_uri: str, storage_options: dict[str, str] | None,
+                   stats_columns: Sequence[str], target_schema: pa.Schema,
+                   ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function writing each partition's rows (in their order) as one
+    snappy Parquet file under ``dir_uri``; yields one row per file written (nothing
+    for an empty partition): its full URI, size in bytes, rows and statistics."""
+    columns = list(stats_columns)
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import uuid
+
+        import pyarrow.parquet as pq
+
+        collected = list(batches)
+        if not collected or not sum(b.num_rows for b in collected):
+            return
+        rows = pa.Table.from_batches(collected)
+        rows = rows.cast(target_schema)
+        fs, base = filesystem_for(dir_uri, storage_options)
+        name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+        fs.create_dir(base, recursive=True)
+        path = f"{base}/{name}"
+        pq.write_table(rows, path, filesystem=fs, compression="snappy")
+        size = fs.get_file_info(path).size
+        stats = arrow_file_stats(rows, columns)
+        yield pa.RecordBatch.from_pylist(
+            [{"path": f"{dir_uri.rstrip('/')}/{name}", "size": size, "rows": rows.num_rows,
+              "stats": json.dumps(stats, default=str)}],
+            schema=pa.schema([("path", pa.string()), ("size", pa.int64()),
+                              ("rows", pa.int64()), ("stats", pa.string())]))
+
+    return write
+
+
+try:  # Spark's Python data source API (pyspark >= 4.0)
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover - sparkfill needs pyspark 4
+    DataSource = object  # type: ignore[assignment,misc]
+    DataSourceReader = object  # type: ignore[assignment,misc]
+    InputPartition = object  # type: ignore[assignment,misc]
+
+
+class _FilesReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, schema: Any, options: Mapping[str, str]) -> None:
+        self.uris: list[str] = json.loads(options["uris"])
+        self.storage: dict[str, str] = json.loads(options.get("storage", "{}"))
+        self.columns: list[str] = [f.name for f in schema.fields]
+
+    def partitions(self) -> list[Any]:
+        return [InputPartition(uri) for uri in self.uris]
+
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        fs, path = filesystem_for(partition.value, self.storage)
+        with fs.open_input_file(path) as fh:
+            yield from pq.ParquetFile(fh).iter_batches(columns=self.columns)
+
+
+class ArrowParquetSource(DataSource):  # type: ignore[misc]
+    """``spark.read.format(SOURCE_NAME).schema(s).option("uris", json list)
+    .option("storage", json dict).load()``: the rows of those Parquet files."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:  # the reader always passes one
+        raise ValueError(f"{SOURCE_NAME} needs a schema: .schema(...)")
+
+    def reader(self, schema: Any) -> Any:
+        return _FilesReader(schema, self.options)
+
+
+def ship_by_value() -> None:
+    """Make Spark's pickler send this module's code to the workers by value."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])

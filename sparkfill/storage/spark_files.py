@@ -1,0 +1,118 @@
+"""Spark's reads and writes of Parquet files under a warehouse.
+
+A local warehouse goes through Spark's own Parquet source and writer (the fastest
+path on local files); an object store through ``object_files`` (pyarrow on the
+executors), which needs no Hadoop connector. Either way a write returns what the
+driver needs to commit it — each file's URI, size and statistics — taken from
+the write itself or the warehouse's filesystem, never from a local listing of a
+remote store.
+
+Invariant: ``read_parquet(files)`` returns exactly the rows of ``files`` in
+``schema``; ``write_parquet`` writes one file per non-empty partition and reports
+each file it wrote, in one Spark job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from . import object_files
+from .warehouse import Warehouse
+
+__all__ = ["WrittenFile", "read_parquet", "write_parquet"]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    uri: str
+    size: int
+    stats: dict[str, Any]
+
+    @property
+    def rows(self) -> int:
+        return int(self.stats.get("numRecords", 0))
+
+
+_registered: dict[int, SparkSession] = {}
+
+
+def _register(spark: SparkSession) -> None:
+    """Register the Arrow Parquet source with ``spark`` (once per session)."""
+    if _registered.get(id(spark)) is spark:
+        return
+    object_files.ship_by_value()
+    spark.dataSource.register(object_files.ArrowParquetSource)
+    _registered[id(spark)] = spark
+
+
+def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType,
+                 uris: Sequence[str]) -> DataFrame:
+    """The rows of the Parquet files ``uris`` (none: an empty frame) in ``schema``."""
+    if not uris:
+        return spark.createDataFrame([], schema)
+    if warehouse.is_local:
+        return spark.read.schema(schema).parquet(*uris)
+    _register(spark)
+    return (spark.read.format(object_files.SOURCE_NAME).schema(schema)
+            .option("uris", json.dumps(list(uris)))
+            .option("storage", json.dumps(warehouse.storage_options))
+            .load())
+
+
+def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
+                  stats_columns: Sequence[str]) -> list[WrittenFile]:
+    """Write ``df`` under ``dir_uri`` as one snappy Parquet file per partition (rows in
+    their order); the files written, sorted by URI."""
+    if warehouse.is_local:
+        df.write.mode("overwrite").option("compression", "snappy").parquet(dir_uri)
+        written = []
+        for uri in warehouse.list(dir_uri):
+            name = Warehouse.name_of(uri)
+            if name.startswith("part-") and name.endswith(".parquet"):
+                written.append(WrittenFile(uri, warehouse.size(uri),
+                                           parquet_stats(warehouse, uri, stats_columns)))
+        return written
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    writer = object_files.parquet_writer(dir_uri, warehouse.storage_options,
+                                         list(stats_columns), to_arrow_schema(df.schema))
+    object_files.ship_by_value()
+    rows = df.mapInArrow(writer, object_files.WRITTEN_SCHEMA).collect()
+    return sorted((WrittenFile(r["path"], int(r["size"]), json.loads(r["stats"]))
+                   for r in rows), key=lambda f: f.uri)
+
+
+def parquet_stats(warehouse: Warehouse, uri: str, columns: Sequence[str]) -> dict[str, Any]:
+    """Delta statistics of a written Parquet file from its footer: rows and, for the
+    integer and string ``columns`` with statistics in every row group, min, max and
+    null count."""
+    md = warehouse.parquet_metadata(uri)
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for col in columns:
+        if col not in names:
+            continue
+        idx = names.index(col)
+        lo = hi = None
+        n_null = 0
+        ok = True
+        for rg in range(md.num_row_groups):
+            st = md.row_group(rg).column(idx).statistics
+            if st is None or not st.has_min_max:
+                if md.row_group(rg).num_rows:
+                    ok = False
+                continue
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+            n_null += st.null_count or 0
+        if ok and lo is not None and isinstance(lo, int | str):
+            mins[col], maxs[col], nulls[col] = lo, hi, n_null
+    return {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}

@@ -1,0 +1,239 @@
+"""A warehouse's location: a local folder or a URI on an object store.
+
+Every file the engine keeps (Delta tables, staged DML, a snapshot job's
+checkpoints, meta-store pointer) is named by a URI string under the warehouse and
+reached through this class: pyarrow's filesystem for files, delta-rs (with the same
+storage options) for Delta tables. Nothing else in the engine touches the local
+disk for warehouse files, so the same code serves ``/data/wh``, ``file:///data/wh``
+and ``s3://bucket/wh``.
+
+Invariants:
+- ``Warehouse(location)`` refuses an unknown or unusable scheme with a
+  ``SparkfillError`` before anything is created.
+- A local warehouse's URIs are absolute paths (what Spark's own Parquet reader and
+  writer take); an object store's are ``scheme://bucket/...`` (read and written by
+  the executors through pyarrow, ``object_files``).
+- ``write_text`` is atomic: a reader sees the old content or the new, never part.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from ..errors import SparkfillError
+from .object_files import filesystem_for
+
+__all__ = ["Warehouse", "OBJECT_STORE_SCHEMES"]
+
+#: schemes served through pyarrow's filesystems and delta-rs's object stores
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "azure")
+
+
+class Warehouse:
+    """Where a warehouse's files live, and the file operations the engine needs."""
+
+    def __init__(self, location: str | Path,
+                 storage_options: dict[str, str] | None = None) -> None:
+        text = str(location)
+        m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
+        self.storage_options: dict[str, str] = dict(storage_options or {})
+        if m is None or m.group(1).lower() == "file":
+            local = Path(text if m is None else (m.group(2) or "/")).resolve()
+            self.scheme = "file"
+            self.local_path: Path | None = local
+            self.uri = str(local)
+            self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+            return
+        scheme, rest = m.group(1).lower(), m.group(2).rstrip("/")
+        if scheme not in OBJECT_STORE_SCHEMES:
+            known = ", ".join(s + "://" for s in OBJECT_STORE_SCHEMES)
+            raise SparkfillError(
+                f"warehouse {text!r}: unknown scheme {scheme}://; a warehouse is a local path, "
+                f"file://..., or an object store ({known})")
+        if not rest or rest.startswith("/"):
+            raise SparkfillError(f"warehouse {text!r}: no bucket or container named after "
+                                 f"{scheme}://")
+        self.scheme = scheme
+        self.local_path = None
+        self.uri = f"{scheme}://{rest}"
+        if scheme in ("s3", "s3a"):
+            # one writer (the engine's lock) commits to each table: no rename lock needed
+            self.storage_options.setdefault("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
+            if _option(self.storage_options, "AWS_ENDPOINT_URL", "").startswith("http://"):
+                self.storage_options.setdefault("AWS_ALLOW_HTTP", "true")
+        try:
+            self.fs, _ = filesystem_for(self.uri, self.storage_options)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+            raise SparkfillError(f"warehouse {text!r}: cannot open its filesystem: {exc}") from None
+
+    @property
+    def is_local(self) -> bool:
+        return self.local_path is not None
+
+    def __str__(self) -> str:
+        return self.uri
+
+    # --- names ----------------------------------------------------------------------------
+
+    def join(self, *parts: str) -> str:
+        """The URI of ``parts`` under the warehouse."""
+        return "/".join([self.uri.rstrip("/"), *[p.strip("/") for p in parts if p]])
+
+    def _path(self, uri: str) -> str:
+        """``uri`` as a path of ``self.fs``."""
+        uri = str(uri)
+        if self.is_local:
+            return uri[len("file://"):] if uri.startswith("file://") else uri
+        return uri.split("://", 1)[1] if "://" in uri else uri
+
+    @staticmethod
+    def name_of(uri: str) -> str:
+        return str(uri).rstrip("/").rsplit("/", 1)[-1]
+
+    # --- files ----------------------------------------------------------------------------
+
+    def exists(self, uri: str) -> bool:
+        return bool(self.fs.get_file_info(self._path(uri)).type != pafs.FileType.NotFound)
+
+    def is_file(self, uri: str) -> bool:
+        return bool(self.fs.get_file_info(self._path(uri)).type == pafs.FileType.File)
+
+    def makedirs(self, uri: str) -> None:
+        self.fs.create_dir(self._path(uri), recursive=True)
+
+    def rmtree(self, uri: str) -> None:
+        """Remove a directory and everything below it, or a file; nothing if absent."""
+        path = self._path(uri)
+        info = self.fs.get_file_info(path)
+        try:
+            if info.type == pafs.FileType.Directory:
+                self.fs.delete_dir(path)
+            elif info.type == pafs.FileType.File:
+                self.fs.delete_file(path)
+            elif not self.is_local:  # an object store's "directory" may be a bare prefix
+                self.fs.delete_dir_contents(path, missing_dir_ok=True)
+        except FileNotFoundError:
+            pass
+
+    def list(self, uri: str) -> list[str]:
+        """The URIs of the entries right under ``uri`` (none when it does not exist)."""
+        path = self._path(uri)
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(f"{uri.rstrip('/')}/{info.base_name}" for info in infos)
+
+    def size(self, uri: str) -> int:
+        return int(self.fs.get_file_info(self._path(uri)).size or 0)
+
+    def read_text(self, uri: str) -> str | None:
+        """The file's text; None when it does not exist."""
+        try:
+            with self.fs.open_input_stream(self._path(uri)) as fh:
+                return bytes(fh.read()).decode()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            if not self.is_file(uri):
+                return None
+            raise
+
+    def write_text(self, uri: str, text: str) -> None:
+        """Replace the file's text atomically (a local file through a renamed temporary
+        file, fsynced; an object-store PUT is atomic)."""
+        if self.local_path is None:
+            with self.fs.open_output_stream(self._path(uri)) as fh:
+                fh.write(text.encode())
+            return
+        path = Path(self._path(uri))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def create_text(self, uri: str, text: str) -> bool:
+        """Write the file unless it exists; whether this call wrote it. Locally of two
+        callers at once exactly one wins (a hard link); on an object store the caller
+        serializes creators (the meta store's lock)."""
+        if self.local_path is None:
+            if self.exists(uri):
+                return False
+            self.write_text(uri, text)
+            return True
+        path = Path(self._path(uri))
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+
+    def link_or_copy(self, src: str, dst: str) -> None:
+        """``dst`` holds ``src``'s bytes: a hard link where the filesystem can, else a
+        copy (server side on an object store)."""
+        if self.local_path is not None:
+            try:
+                os.link(self._path(src), self._path(dst))
+                return
+            except OSError:
+                shutil.copyfile(self._path(src), self._path(dst))
+                return
+        self.fs.copy_file(self._path(src), self._path(dst))
+
+    # --- Parquet on the driver --------------------------------------------------------------
+
+    def write_parquet(self, table: pa.Table, uri: str, fsync: bool = False) -> int:
+        """Write ``table`` as one snappy Parquet file; its size in bytes."""
+        path = self._path(uri)
+        if self.local_path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, path, compression="snappy")
+            if fsync:
+                with open(path, "rb+") as fh:
+                    os.fsync(fh.fileno())
+            return os.path.getsize(path)
+        pq.write_table(table, path, filesystem=self.fs, compression="snappy")
+        return self.size(uri)
+
+    def parquet_metadata(self, uri: str) -> pq.FileMetaData:
+        with self.fs.open_input_file(self._path(uri)) as fh:
+            return pq.ParquetFile(fh).metadata
+
+    def parquet_schema(self, uri: str) -> pa.Schema:
+        with self.fs.open_input_file(self._path(uri)) as fh:
+            return pq.read_schema(fh)
+
+    # --- Delta tables ---------------------------------------------------------------------
+
+    def delta(self, uri: str, version: int | None = None) -> DeltaTable:
+        return DeltaTable(uri, version=version, storage_options=self.storage_options or None)
+
+    def create_delta(self, uri: str, schema: pa.Schema) -> None:
+        DeltaTable.create(uri, schema, mode="error",
+                          storage_options=self.storage_options or None)
+
+
+def _option(options: dict[str, str], key: str, default: str) -> str:
+    for k, v in options.items():
+        if k.upper() == key:
+            return v
+    return os.environ.get(key, default)
