@@ -5,11 +5,13 @@ change log from ``s`` until it has caught up; then it joins the epoch loop.
 Invariants:
 
 * Phase 1 (this module's thread) touches neither the meta store nor any Delta
-  log. Its checkpoints are its own: the chunk plan (``plan.json``) is fixed when
-  the job starts, and a chunk is done exactly when its marker file exists — the
-  marker is written after the chunk's data — so a restarted job redoes at most
-  the chunk it was in. Each attempt at a chunk writes to a directory of its own,
-  which the marker names; only named attempts are read. A killed Spark Connect
+  log. Its checkpoints are its own, files under the warehouse (local or an
+  object store, reached through ``Warehouse``): the chunk plan (``plan.json``) is
+  fixed when the job starts, and a chunk is done exactly when its marker file
+  exists — the marker is written after the chunk's data — so a restarted job
+  redoes at most the chunk it was in. Each attempt at a chunk writes to a
+  directory of its own, which the marker names (with the files the write
+  reported); only named attempts are read. A killed Spark Connect
   client's write goes on at the server after the kill, so the directory of an
   attempt no marker names may still be filled later: it is never read. Its last
   step writes the initial rows of the MV and of its state tables (``Q(U(s))``)
@@ -29,14 +31,11 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
@@ -49,8 +48,11 @@ from ..sql.planner import JOIN_KEY, WINDOW_PART
 from ..storage.catalog import Relation
 from ..storage.relation_store import DataFile, RelationStore
 from ..storage.schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
+from ..storage.spark_files import read_parquet, write_parquet
+from ..storage.warehouse import Warehouse
 
-__all__ = ["JobControl", "SnapshotJob", "chunk_files", "chunk_plan", "job_status", "leaf_span"]
+__all__ = ["JobControl", "SnapshotJob", "chunk_files", "chunk_plan", "job_status", "leaf_span",
+           "read_plan", "write_chunk"]
 
 
 @dataclass
@@ -75,59 +77,91 @@ def chunk_plan(estimates: Sequence[Sequence[float]], chunk_rows: int) -> list[di
     return chunks
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+def _read_json(warehouse: Warehouse, uri: str) -> Any:
+    """The JSON object in the file ``uri``; None when it does not exist."""
+    text = warehouse.read_text(uri)
+    return None if text is None else json.loads(text)
 
 
-def job_status(job_dir: Path) -> dict[str, Any]:
+def read_plan(warehouse: Warehouse, job_dir: str) -> list[dict[str, int]]:
+    """The job's chunk plan (none before the job was started)."""
+    return list(_read_json(warehouse, f"{job_dir}/plan.json") or [])
+
+
+def job_status(warehouse: Warehouse, job_dir: str) -> dict[str, Any]:
     """Phase 1's checkpoints as the epoch loop sees them: rows done per leaf, and
     the manifest once the initial rows are written."""
-    plan_path = job_dir / "plan.json"
-    plan = json.loads(plan_path.read_text()) if plan_path.exists() else []
+    plan = read_plan(warehouse, job_dir)
     rows: dict[int, int] = {}
     done = 0
     for c in plan:
-        marker = _marker(job_dir, c)
-        if marker.exists():
-            rows[c["leaf"]] = rows.get(c["leaf"], 0) + int(json.loads(marker.read_text())["rows"])
+        marker = _read_json(warehouse, _marker(job_dir, c))
+        if marker is not None:
+            rows[c["leaf"]] = rows.get(c["leaf"], 0) + int(marker["rows"])
             done += 1
-    manifest_path = job_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    manifest = _read_json(warehouse, f"{job_dir}/manifest.json")
     return {"rows": rows, "chunks_done": done, "chunks": len(plan), "manifest": manifest}
 
 
-def _marker(job_dir: Path, c: dict[str, int]) -> Path:
+def _chunk_dir(job_dir: str, c: dict[str, int]) -> str:
+    """The directory of chunk ``c``: its marker, and a directory per attempt."""
+    return f"{job_dir}/leaf{c['leaf']}/v{c['lo']:03d}-{c['hi']:03d}"
+
+
+def _marker(job_dir: str, c: dict[str, int]) -> str:
     """The file that says chunk ``c`` is done (rows, attempt): beside its attempts."""
-    return job_dir / f"leaf{c['leaf']}" / f"v{c['lo']:03d}-{c['hi']:03d}" / "_DONE.json"
+    return f"{_chunk_dir(job_dir, c)}/_DONE.json"
 
 
-def chunk_files(job_dir: Path, plan: Sequence[dict[str, int]], leaf: int) -> list[str]:
-    """The data files of ``leaf``'s done chunks: those of the attempt each marker
-    names, none of any other attempt."""
+def chunk_files(warehouse: Warehouse, job_dir: str, plan: Sequence[dict[str, int]],
+                leaf: int) -> list[str]:
+    """The data files (URIs) of ``leaf``'s done chunks: those of the attempt each
+    marker names, none of any other attempt."""
     files: list[str] = []
     for c in plan:
-        marker = _marker(job_dir, c)
-        if c["leaf"] != leaf or not marker.exists():
+        if c["leaf"] != leaf:
             continue
-        # a marker of an earlier layout names none: its files lie beside it
-        attempt = marker.parent / json.loads(marker.read_text()).get("attempt", "")
-        files.extend(str(p) for p in sorted(attempt.glob("*.parquet")))
+        marker = _read_json(warehouse, _marker(job_dir, c))
+        if marker is None:
+            continue
+        attempt = _chunk_dir(job_dir, c)
+        if marker.get("attempt"):  # a marker of an earlier layout names none: files beside it
+            attempt = f"{attempt}/{marker['attempt']}"
+        if "files" in marker:  # the files the attempt's write reported, exactly
+            files.extend(f"{attempt}/{name}" for name in marker["files"])
+        else:  # a marker of an earlier layout: the attempt's Parquet files, listed
+            files.extend(uri for uri in warehouse.list(attempt)
+                         if Warehouse.name_of(uri).endswith(".parquet")
+                         and warehouse.is_file(uri))
     return files
+
+
+def write_chunk(warehouse: Warehouse, job_dir: str, chunk: dict[str, int], out: DataFrame,
+                rows: Callable[[], int]) -> int:
+    """One attempt at ``chunk``: write ``out`` to a fresh directory of its own, then
+    the chunk's marker naming it (and the files its write reported) with the rows
+    read (``rows()``, known once the write ran); returns them."""
+    attempt = f"a{uuid.uuid4().hex}"
+    written = write_parquet(out, warehouse, f"{_chunk_dir(job_dir, chunk)}/{attempt}", [])
+    n = rows()
+    # the marker, after the data: the chunk is done, with this attempt's files
+    warehouse.write_text(_marker(job_dir, chunk), json.dumps(
+        {"rows": n, "attempt": attempt, "files": [Warehouse.name_of(f.uri) for f in written]}))
+    return n
 
 
 class SnapshotJob(threading.Thread):
     """Phase 1 of one snapshot-backfill job: read ``U(s)`` chunk by chunk, then
     write ``Q(U(s))`` for the MV and its state tables."""
 
-    def __init__(self, spark: SparkSession, store: RelationStore, job_dir: Path,
+    def __init__(self, spark: SparkSession, store: RelationStore, job_dir: str,
                  mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
                  leaf_files: Sequence[Sequence[DataFile]], snapshot_epoch: int,
                  control: JobControl, parallelism: int) -> None:
         super().__init__(name=f"sparkfill-snapshot-{mv.name}", daemon=True)
         self.spark = spark
         self.store = store
+        self.warehouse = store.warehouse
         self.job_dir = job_dir
         self.mv = mv
         self.leaves = list(leaves)
@@ -158,28 +192,27 @@ class SnapshotJob(threading.Thread):
     # --- phase 1 --------------------------------------------------------------------------
 
     def _run(self) -> None:
-        plan = json.loads((self.job_dir / "plan.json").read_text())
+        plan = read_plan(self.warehouse, self.job_dir)
         started, rows_read = time.time(), 0
         for chunk in plan:
             if self.control.cancelled.is_set():
                 return
-            marker = _marker(self.job_dir, chunk)
-            if marker.exists():
+            if self.warehouse.exists(_marker(self.job_dir, chunk)):
                 continue
             while self.control.rate_limit == 0:  # paused
                 if self.control.cancelled.wait(0.2):
                     return
-            rows_read += self._read_chunk(chunk, marker)
+            rows_read += self._read_chunk(chunk)
             limit = self.control.rate_limit
             if limit:
                 ahead = rows_read / limit - (time.time() - started)
                 if ahead > 0 and self.control.cancelled.wait(ahead):
                     return
         if not self.control.cancelled.is_set() and \
-                not (self.job_dir / "manifest.json").exists():
+                not self.warehouse.exists(f"{self.job_dir}/manifest.json"):
             self._write_initial_rows()
 
-    def _read_chunk(self, chunk: dict[str, int], marker: Path) -> int:
+    def _read_chunk(self, chunk: dict[str, int]) -> int:
         leaf = self.leaves[chunk["leaf"]]
         rows = self.store.snapshot(leaf.stored, self.s,
                                    vnodes=range(chunk["lo"], chunk["hi"] + 1),
@@ -193,11 +226,8 @@ class SnapshotJob(threading.Thread):
         out = self._chunk_output(chunk["leaf"],
                                  rows.observe(observed, F.count(F.lit(1)).alias("rows"))
                                  .drop(VNODE))
-        attempt = f"a{uuid.uuid4().hex}"
-        out.write.mode("error").parquet(str(marker.parent / attempt))
-        n = int(observed.get["rows"])
-        _write_json(marker, {"rows": n, "attempt": attempt})
-        return n
+        return write_chunk(self.warehouse, self.job_dir, chunk, out,
+                           lambda: int(observed.get["rows"]))
 
     def _chunk_output(self, leaf: int, rows: DataFrame) -> DataFrame:
         """What a chunk contributes: a join side's state rows, the aggregate's input
@@ -215,12 +245,10 @@ class SnapshotJob(threading.Thread):
         return projected.select(*[c.name for c in self.mv.columns])
 
     def _chunks_of(self, leaf: int, rel: Relation) -> DataFrame:
-        plan = json.loads((self.job_dir / "plan.json").read_text())
-        files = chunk_files(self.job_dir, plan, leaf)
+        files = chunk_files(self.warehouse, self.job_dir, read_plan(self.warehouse, self.job_dir),
+                            leaf)
         schema = self.spark.createDataFrame([], _schema_of(rel)).schema
-        if not files:
-            return self.spark.createDataFrame([], schema)
-        return self.spark.read.schema(schema).parquet(*files)
+        return read_parquet(self.spark, self.warehouse, schema, files)
 
     def _write_initial_rows(self) -> None:
         """``Q(U(s))`` for the MV and each state table, as uncommitted files."""
@@ -265,12 +293,17 @@ class SnapshotJob(threading.Thread):
             manifest[str(rel.id)] = {"rows": n, "files": files}
             if self.control.cancelled.is_set():
                 return
-        _write_json(self.job_dir / "manifest.json", manifest)
+        self.warehouse.write_text(f"{self.job_dir}/manifest.json", json.dumps(manifest))
 
     def _clear_uncommitted(self, rel: Relation) -> None:
         """Files of an earlier, interrupted attempt (never committed)."""
-        for d in (Path(self.store.path(rel.stored)) / "log").glob(f"e{self.s:010d}-snap-*"):
-            shutil.rmtree(d, ignore_errors=True)
+        prefix = f"e{self.s:010d}-snap-"
+        for uri in self.warehouse.list(f"{self.store.path(rel.stored)}/log"):
+            if Warehouse.name_of(uri).startswith(prefix):
+                try:
+                    self.warehouse.rmtree(uri)
+                except OSError:  # as before: what cannot be removed is left (never read)
+                    pass
 
 
 def _schema_of(rel: Relation) -> Any:

@@ -14,12 +14,10 @@ still needs. All meta-store and Delta-log writes happen here, in the epoch loop.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -69,8 +67,9 @@ class SnapshotJobs:
 
     # --- phase 1's thread -----------------------------------------------------------------
 
-    def job_dir(self, mv: Relation) -> Path:
-        return Path(self.store.root) / "_jobs" / f"{mv.id:06d}"  # TODO: object store
+    def job_dir(self, mv: Relation) -> str:
+        """The URI of ``mv``'s job directory (phase 1's checkpoints and files)."""
+        return f"{self.store.root}/_jobs/{mv.id:06d}"
 
     def _in_phase_1(self, mv: Relation) -> bool:
         rows = self.meta.progress(mv.id)
@@ -78,7 +77,8 @@ class SnapshotJobs:
 
     def has_started(self, mv: Relation) -> bool:
         """Whether phase 1 was ever started (its plan, and so its snapshot, fixed)."""
-        return mv.id in self.threads or (self.job_dir(mv) / "plan.json").exists()
+        return mv.id in self.threads or \
+            self.store.warehouse.exists(f"{self.job_dir(mv)}/plan.json")
 
     def start(self, mv: Relation) -> None:
         """Start (or resume, from its checkpoints) phase 1 of ``mv``'s job."""
@@ -90,19 +90,19 @@ class SnapshotJobs:
             return
         s = mv.created_epoch
         leaves = self.catalog.leaves_of(mv)
+        warehouse = self.store.warehouse
         job_dir = self.job_dir(mv)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        plan_path = job_dir / "plan.json"
-        if not plan_path.exists():
+        warehouse.makedirs(job_dir)
+        plan_path = f"{job_dir}/plan.json"
+        if not warehouse.exists(plan_path):
             estimates = [self.store.estimate_rows_by_vnode(leaf.stored, s, leaf.row_count)
                          for leaf in leaves]
-            tmp = plan_path.with_suffix(".tmp")
             # with a rate limit, chunks of about one second of it: paced, not bursts
             rows = mv.options.chunk_rows
             if mv.options.rate_limit:
                 rows = max(1, min(rows, mv.options.rate_limit))
-            tmp.write_text(json.dumps(chunk_plan(estimates, rows)))
-            tmp.replace(plan_path)
+            # atomic: a plan is whole or absent, and once there it is never rewritten
+            warehouse.write_text(plan_path, json.dumps(chunk_plan(estimates, rows)))
         control = JobControl(rate_limit=mv.options.rate_limit)
         parallelism = mv.options.parallelism or default_parallelism_of(self.spark)
         job = SnapshotJob(self.spark, self.store, job_dir, mv, leaves,
@@ -113,7 +113,7 @@ class SnapshotJobs:
         self.controls[mv.id] = control
         job.start()
 
-    def stop(self, mv_id: int, remove_dir: Path | None = None) -> None:
+    def stop(self, mv_id: int, remove_dir: str | None = None) -> None:
         """Stop a job's thread (cancelling its Spark jobs); remove its files if asked."""
         job = self.threads.pop(mv_id, None)
         self.controls.pop(mv_id, None)
@@ -121,7 +121,10 @@ class SnapshotJobs:
             job.cancel()
             job.join(timeout=120)
         if remove_dir is not None:
-            shutil.rmtree(remove_dir, ignore_errors=True)
+            try:
+                self.store.warehouse.rmtree(remove_dir)
+            except OSError:  # best effort, as before: a job dir left behind is never read
+                pass
 
     def stop_all(self) -> None:
         for mv_id in list(self.threads):
@@ -158,7 +161,7 @@ class SnapshotJobs:
         rows = self.meta.progress(mv.id)
         position = min(int(r.pinned_epoch or 0) for r in rows)
         done = {r.leaf: r.rows for r in rows}
-        if mv.id in self.threads or self.job_dir(mv).exists():
+        if mv.id in self.threads or self.store.warehouse.exists(self.job_dir(mv)):
             self.stop(mv.id, self.job_dir(mv))  # phase 1's files are committed
         if mv.options.rate_limit == 0:  # paused
             return SnapshotStep(None, [])
@@ -192,10 +195,10 @@ class SnapshotJobs:
         s = mv.created_epoch
         job = self.threads.get(mv.id)
         if job is None or not job.is_alive():
-            status = job_status(self.job_dir(mv))
+            status = job_status(self.store.warehouse, self.job_dir(mv))
             if status["manifest"] is None:
                 self.start(mv)  # resume after a restart, or retry after an error
-        status = job_status(self.job_dir(mv))
+        status = job_status(self.store.warehouse, self.job_dir(mv))
         rows = status["rows"]
         self._rates[mv.id].append((time.time(), sum(rows.values())))
         manifest = status["manifest"]
@@ -220,7 +223,7 @@ class SnapshotJobs:
         total = sum(leaf.row_count for leaf in self.catalog.leaves_of(mv))
         paused = mv.options.rate_limit == 0
         if self._in_phase_1(mv):
-            status = job_status(self.job_dir(mv))
+            status = job_status(self.store.warehouse, self.job_dir(mv))
             done = sum(status["rows"].values())
             samples = list(self._rates.get(mv.id, ()))
             rate = 0.0

@@ -7,6 +7,10 @@ changes nothing itself; the ``SourceManager`` stages the batch and advances the
 offset in one meta-store transaction. So a batch that is read again after a
 crash (its staging did not commit) is read from the same offset.
 
+A connector that needs files of its own for a batch writes them under the batch's
+scratch directory (``BatchContext.scratch``, a URI under the warehouse, reached
+through ``BatchContext.warehouse``), never elsewhere in the warehouse.
+
 A batch's rows have the table's columns plus ``_sf_idx`` (order within the
 batch: the last change of a key wins) and ``_sf_kind`` (``U`` upsert of the
 whole row, ``D`` delete of the key): the shape of staged DML.
@@ -23,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ..errors import InvalidOption
 from ..storage.schema import Column
+from ..storage.warehouse import Warehouse
 
 __all__ = ["Connector", "BatchContext", "SourceBatch", "TableShape", "resolve_path",
            "opt_int", "opt_float", "opt_str", "check_known"]
@@ -52,8 +57,19 @@ class BatchContext:
     position: Any
     #: files consumed by earlier batches (file sources)
     consumed: frozenset[str] = frozenset()
-    #: a scratch directory the connector may write to (emptied after staging)
-    scratch: Path = Path(".")
+    #: the URI of a scratch directory the connector may write to (removed after
+    #: staging), under ``warehouse``
+    scratch: str = ""
+    #: the warehouse holding ``scratch`` (None: ``scratch`` is a local folder, or
+    #: the current directory when it is empty too)
+    warehouse: Warehouse | None = None
+
+    def scratch_space(self) -> tuple[Warehouse, str]:
+        """The warehouse to write scratch files through and the scratch URI in it."""
+        if self.warehouse is not None:
+            return self.warehouse, self.scratch or self.warehouse.join("staging", "sources")
+        local = Warehouse(self.scratch or ".")
+        return local, local.uri
 
 
 @dataclass
@@ -87,9 +103,10 @@ class Connector(ABC):
     @classmethod
     @abstractmethod
     def validate(cls, table: TableShape, options: dict[str, Any],
-                 warehouse: Path) -> dict[str, Any]:
+                 warehouse: Warehouse) -> dict[str, Any]:
         """The normalized options of a new source (JSON values), or raise
-        ``InvalidOption`` / ``SourceError`` naming the table and the option."""
+        ``InvalidOption`` / ``SourceError`` naming the table and the option. A path
+        option is resolved with ``resolve_path`` against ``warehouse``."""
 
     @abstractmethod
     def read(self, ctx: BatchContext) -> SourceBatch:
@@ -151,12 +168,35 @@ def opt_str(table: str, options: dict[str, Any], name: str, default: str | None,
     return text.lower() if choices is not None else text
 
 
-def resolve_path(value: str, warehouse: Path) -> str:
+def resolve_path(value: str, warehouse: Warehouse | Path | str | None, owner: str = "") -> str:
     """A ``path`` option as an absolute path or URI: ``{warehouse}`` stands for the
-    warehouse folder; a relative path is relative to the current directory."""
-    text = value.replace("{warehouse}", str(warehouse))
-    if "://" in text:
-        if text.startswith("file://"):
-            return str(Path(text[len("file://"):]).resolve())
-        return text
-    return str(Path(text).expanduser().resolve())
+    warehouse (its folder, or its URI on an object store); a relative path is
+    relative to the current directory. When the warehouse is not a local folder
+    (an object store; None: not known as a folder) a relative path is refused
+    (``InvalidOption``), as is ``{warehouse}`` with no warehouse: it would name no
+    place under the warehouse. ``owner`` (e.g. ``"table 't'"``) prefixes errors."""
+    prefix = f"{owner}: " if owner else ""
+    if isinstance(warehouse, Warehouse):
+        root: str | None = warehouse.uri
+        local = warehouse.is_local
+    elif warehouse is None:
+        root, local = None, False
+    else:
+        root = str(warehouse)
+        local = "://" not in root or root.startswith("file://")
+    if "{warehouse}" in value:
+        if root is None:
+            raise InvalidOption(f"{prefix}path {value!r}: {{warehouse}} names no folder here "
+                                "(the warehouse is not a local folder)")
+        value = value.replace("{warehouse}", root.rstrip("/"))
+    if "://" in value:
+        if value.startswith("file://"):
+            return str(Path(value[len("file://"):]).resolve())
+        return value
+    expanded = Path(value).expanduser()
+    if not expanded.is_absolute() and not local:
+        raise InvalidOption(
+            f"{prefix}path {value!r} is relative, but the warehouse"
+            f"{'' if root is None else ' ' + repr(root)} is not a local folder: give an "
+            "absolute path, a URI, or '{warehouse}/...' for a place under the warehouse")
+    return str(expanded.resolve())

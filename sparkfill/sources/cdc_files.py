@@ -18,6 +18,10 @@ that is not a JSON object, has an unknown op, lacks its image or a key column,
 or holds a value that does not cast to its column's type (or a NULL in a NOT
 NULL column) goes to the dead-letter table with the reason.
 
+The directory is a local (or mounted) folder, read by the driver and by Spark's
+own text reader: an object-store URI is refused, as is a relative path when the
+warehouse is not a local folder (``{warehouse}`` then names no folder).
+
 Files whose name starts with ``.`` or ``_`` are ignored (write a file under such
 a name and rename it when complete). Timestamps are ISO-8601 strings or epoch
 milliseconds, dates ISO strings or days since 1970-01-01.
@@ -38,6 +42,7 @@ from pyspark.sql import types as T
 from ..errors import SourceError
 from ..storage.dml import DELETE, IDX, KIND, UPSERT
 from ..storage.schema import Column, spark_type
+from ..storage.warehouse import Warehouse
 from .base import (
     BatchContext,
     Connector,
@@ -99,13 +104,16 @@ class CdcFilesConnector(Connector):
 
     @classmethod
     def validate(cls, table: TableShape, options: dict[str, Any],
-                 warehouse: Path) -> dict[str, Any]:
+                 warehouse: Warehouse) -> dict[str, Any]:
         name = table.name
         check_known(name, cls.name, options, cls.options)
         raw_path = opt_str(name, options, "path", None)
         if not raw_path:
             raise SourceError(f"table {name!r}: connector 'cdc_files' needs path = 'DIR'")
-        path = resolve_path(raw_path, warehouse)
+        path = resolve_path(raw_path, warehouse, f"table {name!r}")
+        if "://" in path:
+            raise SourceError(f"table {name!r}: cdc_files path {path!r} is a URI; cdc_files "
+                              "reads a local (or mounted) directory")
         if not Path(path).is_dir():
             raise SourceError(f"table {name!r}: cdc_files path {path!r} is not a directory")
         return {"path": path,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pyspark.sql import Column as SparkColumn
@@ -33,6 +32,7 @@ from pyspark.sql import functions as F
 from ..errors import InvalidOption
 from ..storage.dml import DELETE, IDX, KIND, UPSERT
 from ..storage.schema import spark_type
+from ..storage.warehouse import Warehouse
 from . import nexmark
 from .base import (
     BatchContext,
@@ -172,7 +172,7 @@ class DatagenConnector(Connector):
 
     @classmethod
     def validate(cls, table: TableShape, options: dict[str, Any],
-                 warehouse: Path) -> dict[str, Any]:
+                 warehouse: Warehouse) -> dict[str, Any]:
         name = table.name
         check_known(name, cls.name, options, cls.options)
         mode = opt_str(name, options, "mode", "default", ("default", "nexmark"))

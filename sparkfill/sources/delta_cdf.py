@@ -15,14 +15,18 @@ post-images (upserts), so an update that moves a key deletes the old key.
 Spark reads a change data feed only through the delta-spark connector, which
 sparkfill does not depend on; the feed is read with delta-rs
 (``DeltaTable.load_cdf``, the snapshot with its query engine) as a stream of
-Arrow batches written to one Parquet file (memory stays bounded by a batch),
-which Spark then reads.
+Arrow batches written to one Parquet file in the batch's scratch directory under
+the warehouse (memory stays bounded by a batch), which Spark then reads
+(``spark_files``: a local warehouse or an object store alike).
+
+The external table is a local path or a URI (delta-rs opens either; a table under
+an object-store warehouse, e.g. ``{warehouse}/...``, with the warehouse's storage
+options, any other with the environment's).
 """
 
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -30,10 +34,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
 from ..errors import SourceError
 from ..storage.dml import IDX, KIND
-from ..storage.schema import arrow_type
+from ..storage.object_files import filesystem_for
+from ..storage.schema import arrow_type, spark_type
+from ..storage.spark_files import read_parquet
+from ..storage.warehouse import Warehouse
 from .base import (
     BatchContext,
     Connector,
@@ -51,9 +60,21 @@ __all__ = ["DeltaCdfConnector"]
 _RANK = {"delete": 0, "update_preimage": 1, "insert": 2, "update_postimage": 3}
 
 
-def _open(table: str, path: str, version: int | None = None) -> DeltaTable:
+def _storage(path: str, warehouse: Warehouse | None) -> dict[str, str] | None:
+    """The storage options to open ``path`` with: the warehouse's for a table under an
+    object-store warehouse, else none (delta-rs reads the environment)."""
+    if warehouse is None or warehouse.is_local or not warehouse.storage_options:
+        return None
+    if path.rstrip("/").startswith(warehouse.uri.rstrip("/") + "/"):
+        return dict(warehouse.storage_options)
+    return None
+
+
+def _open(table: str, path: str, version: int | None = None,
+          warehouse: Warehouse | None = None) -> DeltaTable:
+    storage = _storage(path, warehouse)
     try:
-        return DeltaTable(path, version=version) if version is not None else DeltaTable(path)
+        return DeltaTable(path, version=version, storage_options=storage)
     except Exception as exc:  # noqa: BLE001 - delta-rs raises several types
         at = "" if version is None else f" at version {version}"
         raise SourceError(f"table {table!r}: cannot open the Delta table {path!r}{at}: "
@@ -67,14 +88,14 @@ class DeltaCdfConnector(Connector):
 
     @classmethod
     def validate(cls, table: TableShape, options: dict[str, Any],
-                 warehouse: Path) -> dict[str, Any]:
+                 warehouse: Warehouse) -> dict[str, Any]:
         name = table.name
         check_known(name, cls.name, options, cls.options)
         raw_path = opt_str(name, options, "path", None)
         if not raw_path:
             raise SourceError(f"table {name!r}: connector 'delta_cdf' needs path = 'URI'")
-        path = resolve_path(raw_path, warehouse)
-        dt = _open(name, path)
+        path = resolve_path(raw_path, warehouse, f"table {name!r}")
+        dt = _open(name, path, warehouse=warehouse)
         config = dt.metadata().configuration
         if str(config.get("delta.enableChangeDataFeed", "false")).lower() != "true":
             raise SourceError(
@@ -111,10 +132,20 @@ class DeltaCdfConnector(Connector):
                                   f"{c.type.upper()}: {exc}") from exc
         return out
 
-    def _write(self, reader: Any, path: Path, at: str, cdf: bool) -> int:
+    def _spark_schema(self) -> T.StructType:
+        """``_target`` as Spark reads it back."""
+        return T.StructType([T.StructField(c.name, spark_type(c.type), True)
+                             for c in self.table.columns]
+                            + [T.StructField(IDX, T.LongType(), True),
+                               T.StructField(KIND, T.StringType(), True)])
+
+    def _write(self, reader: Any, warehouse: Warehouse, uri: str, at: str, cdf: bool) -> int:
+        """Stream ``reader``'s batches into the Parquet file ``uri`` (through the
+        warehouse's filesystem); the rows written."""
         target = self._target()
         rows = 0
-        with pq.ParquetWriter(path, target) as writer:
+        fs, path = filesystem_for(uri, warehouse.storage_options)
+        with pq.ParquetWriter(path, target, filesystem=fs) as writer:
             for batch in pa.RecordBatchReader.from_stream(reader):
                 n = batch.num_rows
                 if n == 0:
@@ -135,14 +166,18 @@ class DeltaCdfConnector(Connector):
                 rows += n
         return rows
 
+    def _rows(self, warehouse: Warehouse, uri: str) -> DataFrame:
+        return read_parquet(self.spark, warehouse, self._spark_schema(), [uri])
+
     def read(self, ctx: BatchContext) -> SourceBatch:
         path = self.opts["path"]
         name = self.table.name
-        out = ctx.scratch / f"cdf-{uuid.uuid4().hex[:8]}.parquet"
-        ctx.scratch.mkdir(parents=True, exist_ok=True)
+        wh, scratch = ctx.scratch_space()
+        out = f"{scratch.rstrip('/')}/cdf-{uuid.uuid4().hex[:8]}.parquet"
+        wh.makedirs(scratch)
         if ctx.position is None:
             version = int(self.opts["starting_version"])
-            dt = _open(name, path, version)
+            dt = _open(name, path, version, ctx.warehouse)
             cols = ", ".join('"' + n.replace('"', '""') + '"'
                              for n in pa.schema(dt.schema().to_arrow()).names)
             try:
@@ -150,25 +185,24 @@ class DeltaCdfConnector(Connector):
             except Exception as exc:  # noqa: BLE001
                 raise SourceError(f"table {name!r}: cannot read {path!r} at version "
                                   f"{version}: {exc}") from exc
-            self._write(reader, out, f"version {version}", cdf=False)
-            return SourceBatch(rows=self.spark.read.parquet(str(out)),
-                               position={"version": version})
+            self._write(reader, wh, out, f"version {version}", cdf=False)
+            return SourceBatch(rows=self._rows(wh, out), position={"version": version})
         done = int(ctx.position["version"])
-        latest = int(_open(name, path).version())
+        latest = int(_open(name, path, warehouse=ctx.warehouse).version())
         limit = self.opts.get("max_versions_per_epoch")
         upto = min(latest, done + int(limit)) if limit else latest
         if upto <= done:
             return SourceBatch(rows=None, position=ctx.position)
-        dt = _open(name, path)
+        dt = _open(name, path, warehouse=ctx.warehouse)
         try:
             reader = dt.load_cdf(starting_version=done + 1, ending_version=upto)
-            rows = self._write(reader, out, f"versions {done + 1}..{upto}", cdf=True)
+            rows = self._write(reader, wh, out, f"versions {done + 1}..{upto}", cdf=True)
         except SourceError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise SourceError(f"table {name!r}: cannot read the change data feed of {path!r}, "
                               f"versions {done + 1}..{upto}: {exc}") from exc
-        return SourceBatch(rows=self.spark.read.parquet(str(out)) if rows else None,
+        return SourceBatch(rows=self._rows(wh, out) if rows else None,
                            position={"version": upto})
 
     @classmethod

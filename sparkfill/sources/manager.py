@@ -10,17 +10,19 @@ once by epoch ``e`` (the coordinator's plan pins it and recovery re-runs the
 plan). A batch whose staging did not commit left only unregistered files,
 which the DML stager removes on open, and its offset did not move, so it is
 read again.
+
+Every file the manager writes goes through the ``Warehouse`` (a local folder or an
+object store): staged batches under ``staging/dml`` (written by Spark through
+``spark_files``), a batch's scratch files under ``staging/sources`` (emptied on
+open and after each batch).
 """
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -29,6 +31,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.dml import IDX, KIND, SEQ, UPSERT
 from ..storage.meta_store import MetaStore, SourceRow, StagedBatch
 from ..storage.schema import Column, spark_type
+from ..storage.spark_files import write_parquet
 from ..storage.warehouse import Warehouse
 from .base import BatchContext, Connector, SourceBatch, TableShape
 from .cdc_files import DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, CdcFilesConnector
@@ -52,19 +55,15 @@ class SourceDefinition:
     dead_letter: tuple[str, tuple[Column, ...], tuple[str, ...]] | None
 
 
-def _count(path: Path) -> int:
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in path.glob("part-*.parquet"))
-
-
 class SourceManager:
     def __init__(self, spark: SparkSession, meta: MetaStore, warehouse: Warehouse) -> None:
         self.spark = spark
         self.meta = meta
-        assert warehouse.local_path is not None  # TODO: staging on an object store
-        self.dir = warehouse.local_path / "staging" / "dml"
-        self.warehouse = warehouse.local_path
-        self.scratch = warehouse.local_path / "staging" / "sources"
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.warehouse = warehouse
+        #: URIs of the staged DML batches' directory and of the sources' scratch
+        self.dir = warehouse.join("staging", "dml")
+        self.scratch = warehouse.join("staging", "sources")
+        warehouse.rmtree(self.scratch)
 
     # --- definitions ----------------------------------------------------------------------
 
@@ -110,16 +109,16 @@ class SourceManager:
     # --- staging --------------------------------------------------------------------------
 
     def _write(self, df: DataFrame, columns: tuple[Column, ...], seq: int,
-               proctime: str | None = None) -> tuple[Path, int]:
+               proctime: str | None = None) -> tuple[str, int]:
         """Stage a batch; the processing-time column, which the connector does not
         produce, is staged NULL: the epoch applying the batch fills it."""
-        path = self.dir / f"{seq:012d}-{uuid.uuid4().hex[:8]}-src"
+        path = f"{self.dir}/{seq:012d}-{uuid.uuid4().hex[:8]}-src"
         out = df.select(*[(F.lit(None) if c.name == proctime else F.col(c.name))
                           .cast(spark_type(c.type)).alias(c.name) for c in columns],
                         F.lit(seq).cast("long").alias(SEQ), F.col(IDX).cast("long").alias(IDX),
                         F.col(KIND).cast("string").alias(KIND))
-        out.write.mode("error").parquet(str(path))
-        return path, _count(path)
+        written = write_parquet(out, self.warehouse, path, [])
+        return path, sum(f.rows for f in written)
 
     def stage(self, catalog: Catalog, epoch: int) -> None:
         """Stage every source's batch for ``epoch`` (skipping those already staged)."""
@@ -134,14 +133,14 @@ class SourceManager:
         # the connector sees the columns it writes: not the processing time
         connector = cls(self.spark, TableShape(table.name, tuple(table.writable_columns),
                                                table.key), src.options)
-        scratch = self.scratch / f"{table.id}-{uuid.uuid4().hex[:8]}"
+        scratch = f"{self.scratch}/{table.id}-{uuid.uuid4().hex[:8]}"
         consumed = (frozenset(self.meta.source_files(src.rel_id)) if cls.has_dead_letters
                     else frozenset())
-        written: list[Path] = []
+        written: list[str] = []
         batch: SourceBatch | None = None
         try:
             batch = connector.read(BatchContext(epoch, src.batch + 1, src.position, consumed,
-                                                scratch))
+                                                scratch, self.warehouse))
             staged: list[StagedBatch] = []
             seq = self.meta.next_dml_seq()
             rows = dead = 0
@@ -149,7 +148,7 @@ class SourceManager:
                 path, rows = self._write(batch.rows, table.columns, seq, table.proctime)
                 written.append(path)
                 if rows:
-                    staged.append(StagedBatch(seq, table.id, str(path), rows))
+                    staged.append(StagedBatch(seq, table.id, path, rows))
             if batch.dead_letters is not None and src.dead_letter_id is not None:
                 dl = catalog.get_by_id(src.dead_letter_id)
                 path, dead = self._write(
@@ -157,16 +156,16 @@ class SourceManager:
                     dl.columns, seq + 1)
                 written.append(path)
                 if dead:
-                    staged.append(StagedBatch(seq + 1, dl.id, str(path), dead))
+                    staged.append(StagedBatch(seq + 1, dl.id, path, dead))
             self.meta.stage_source(
                 replace(src, epoch=epoch, batch=src.batch + 1, position=batch.position,
                         rows=rows, dead_letters=dead), staged, batch.files)
             for path in written:
-                if not any(b.path == str(path) for b in staged):
-                    shutil.rmtree(path, ignore_errors=True)
+                if not any(b.path == path for b in staged):
+                    self._remove(path)  # never raises: the batch is staged
         except BaseException as exc:
             for path in written:
-                shutil.rmtree(path, ignore_errors=True)
+                self._remove(path)
             if isinstance(exc, Exception) and not isinstance(exc, SparkfillError):
                 raise SourceError(f"source table {table.name!r} ({src.connector}), epoch "
                                   f"{epoch}: {type(exc).__name__}: "
@@ -176,7 +175,15 @@ class SourceManager:
         finally:
             for df in batch.cached if batch is not None else []:
                 df.unpersist()
-            shutil.rmtree(scratch, ignore_errors=True)
+            self._remove(scratch)
+
+    def _remove(self, uri: str) -> None:
+        """Remove a file or directory of this batch, on the way out of a failure or
+        after staging: a failure to remove leaves an orphan the next open removes."""
+        try:
+            self.warehouse.rmtree(uri)
+        except OSError:
+            pass
 
     # --- reports --------------------------------------------------------------------------
 

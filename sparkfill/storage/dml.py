@@ -2,7 +2,10 @@
 
 Invariants:
 - A DML call either raises (and stages nothing) or returns after its rows are
-  durable: a Parquet file in ``staging/dml`` registered in the meta store.
+  durable: a Parquet file (or a directory of them) in ``staging/dml`` under the
+  warehouse, registered in the meta store by its URI. A file is complete before it
+  is registered (locally written under a temporary name, fsynced and renamed; on an
+  object store one PUT); files no registered batch names are removed on open.
 - Staged batches apply exactly once, in call order: within an epoch the last
   change of a key (highest ``(seq, idx)``) wins.
 - A table's Δ for epoch ``e`` is the consolidated difference between its
@@ -15,12 +18,10 @@ import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -32,6 +33,7 @@ from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, RelationStore
 from .schema import VNODE, arrow_type, quoted, spark_type, vnode_expr, vnodes_of
+from .spark_files import read_parquet, write_parquet
 from .warehouse import Warehouse
 
 __all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
@@ -58,9 +60,9 @@ class DmlStager:
         self.spark = spark
         self.meta = meta
         self.warehouse = warehouse
-        assert warehouse.local_path is not None  # TODO: staging on an object store
-        self.dir = warehouse.local_path / "staging" / "dml"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        #: the URI of the staged batches' directory
+        self.dir = warehouse.join("staging", "dml")
+        warehouse.makedirs(self.dir)
 
     # --- validation -----------------------------------------------------------------------
 
@@ -200,11 +202,12 @@ class DmlStager:
             return 0
         seq = self.meta.next_dml_seq()
         name = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
+        wh = self.warehouse
         if isinstance(rows, DataFrame):
             batch = self._spark_batch(rel, rows, kind).withColumn(SEQ, F.lit(seq).cast("long"))
-            path = self.dir / name
-            batch.select(*_stage_struct(rel).fieldNames()).write.mode("error").parquet(str(path))
-            count = sum(pq.ParquetFile(p).metadata.num_rows for p in path.glob("part-*.parquet"))
+            path = f"{self.dir}/{name}"
+            written = write_parquet(batch.select(*_stage_struct(rel).fieldNames()), wh, path, [])
+            count = sum(f.rows for f in written)
         else:
             table = self._arrow_batch(rel, rows, kind)
             count = table.num_rows
@@ -214,37 +217,51 @@ class DmlStager:
             table = table.append_column(IDX, pa.array(range(count), pa.int64()))
             table = table.append_column(KIND, pa.array([kind] * count, pa.string()))
             table = table.replace_schema_metadata(_first_keys_metadata(rel, table))
-            path = self.dir / f"{name}.parquet"
-            tmp = self.dir / f".{name}.tmp"
-            pq.write_table(table, tmp)
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            path = f"{self.dir}/{name}.parquet"
+            if wh.is_local:
+                # never a partial file under the final name: write, fsync, rename (a
+                # local warehouse's URIs are absolute paths)
+                tmp = f"{self.dir}/.{name}.tmp"
+                wh.write_parquet(table, tmp, fsync=True)
+                os.replace(tmp, path)
+            else:  # an object store's PUT is atomic and durable once it returns
+                wh.write_parquet(table, path, fsync=True)
         if count == 0:
-            _remove(path)
+            wh.rmtree(path)
             return 0
-        self.meta.stage_dml(StagedBatch(seq, rel.id, str(path), count))
+        self.meta.stage_dml(StagedBatch(seq, rel.id, path, count))
         return count
 
     def remove_orphans(self) -> None:
         """Delete staged files no unapplied batch refers to."""
         live = {b.path for b in self.meta.staged()}
-        for p in self.dir.iterdir():
-            if str(p) not in live:
-                _remove(p)
+        for uri in self.warehouse.list(self.dir):
+            if uri not in live:
+                self.warehouse.rmtree(uri)
 
     def remove_applied(self, paths: Sequence[str]) -> None:
-        for p in paths:
-            _remove(Path(p))
+        for uri in paths:
+            self.warehouse.rmtree(uri)
 
 
-def _remove(path: Path) -> None:
-    import shutil
-
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+def _staged_files(warehouse: Warehouse, batches: Sequence[StagedBatch],
+                  ) -> tuple[list[str], bool]:
+    """The Parquet files of ``batches``, and whether each batch is one file (staged by
+    the driver; a batch staged by Spark is a directory of ``part-*.parquet`` files)."""
+    files: list[str] = []
+    single = True
+    for b in batches:
+        if warehouse.is_file(b.path):
+            files.append(b.path)
+            continue
+        single = False
+        parts = [uri for uri in warehouse.list(b.path)
+                 if Warehouse.name_of(uri).startswith("part-") and uri.endswith(".parquet")]
+        if not parts:
+            raise FileNotFoundError(f"staged DML batch {b.seq} ({b.rows} rows): no Parquet "
+                                    f"file at {b.path}")
+        files += parts
+    return files, single
 
 
 def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
@@ -255,7 +272,8 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     since the Unix epoch) in the table's processing-time column, if it has one."""
     key = list(rel.key)
     cols = [c.name for c in rel.columns]
-    staged = spark.read.schema(_stage_struct(rel)).parquet(*[b.path for b in batches])
+    files, single = _staged_files(store.warehouse, batches)
+    staged = read_parquet(spark, store.warehouse, _stage_struct(rel), files)
     order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
     latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
@@ -266,7 +284,7 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     keys = latest.select(*key)
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
-    known = _staged_first_keys(batches)
+    known = _staged_first_keys(store.warehouse, files) if single else None
     if known is not None:
         # staged from the driver, which noted the keys in the files: no job to find
         # them, and their vnodes hashed here as Spark would
@@ -320,15 +338,12 @@ def _first_keys_metadata(rel: Relation, table: pa.Table) -> dict[bytes, bytes]:
     return {FIRST_KEYS: json.dumps(sorted(values.to_pylist())).encode()}
 
 
-def _staged_first_keys(batches: Sequence[StagedBatch]) -> list[Any] | None:
-    """The first-key values of ``batches`` from their files' footers (sorted); None
-    when a batch did not note them (staged by Spark, or too many keys)."""
+def _staged_first_keys(warehouse: Warehouse, files: Sequence[str]) -> list[Any] | None:
+    """The first-key values of the driver-staged ``files`` from their footers (sorted);
+    None when a file did not note them (too many keys)."""
     found: set[Any] = set()
-    for b in batches:
-        path = Path(b.path)
-        if not path.is_file():
-            return None
-        metadata = pq.read_schema(path).metadata or {}
+    for uri in files:
+        metadata = warehouse.parquet_schema(uri).metadata or {}
         if FIRST_KEYS not in metadata:
             return None
         found.update(json.loads(metadata[FIRST_KEYS]))
