@@ -18,28 +18,42 @@ rewrites every bucket. A sink on an MV that is still being created waits; its
 first sync writes the whole snapshot. The files are plain Parquet with only the
 MV's visible columns: any Delta reader, or Spark reading the files the log
 lists, reads the MV.
+
+Location: a sink's table is a local folder or an object-store URI (``s3://...``;
+a relative path beside an object-store warehouse lands under its URI), opened by
+delta-rs with the warehouse's storage options and reached for files through a
+``Warehouse`` handle rooted at it. Locally Spark writes the bucket folders
+itself; on an object store the executors write them through pyarrow and return
+each file's URI, size and rows, so the driver never lists what was written.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .errors import CatalogError, DependentObjects, InvalidOption, SinkError, UnknownRelation
+from .errors import (
+    CatalogError,
+    DependentObjects,
+    InvalidOption,
+    SinkError,
+    SparkfillError,
+    UnknownRelation,
+)
 from .sources.base import opt_int, resolve_path
 from .sql.frontend import CreateSink, DropSink
+from .storage import object_files
 from .storage.catalog import Catalog, Relation
 from .storage.meta_store import MetaStore, SinkRow
 from .storage.relation_store import RelationStore
@@ -49,15 +63,6 @@ from .storage.warehouse import Warehouse
 __all__ = ["SinkManager", "APP_PREFIX", "synced_epoch"]
 
 APP_PREFIX = "sparkfill-sink-"
-
-
-def synced_epoch(path: str, sink_id: int) -> int | None:
-    """The epoch a sink's Delta table holds (its application transaction), if any."""
-    try:
-        version = DeltaTable(path).transaction_version(f"{APP_PREFIX}{sink_id}")
-    except Exception:  # noqa: BLE001 - a missing table has synced nothing
-        return None
-    return None if version is None else int(version)
 BUCKET = "sf_bucket"
 DEFAULT_BUCKETS = 16
 OPTIONS = ("connector", "path", "buckets", "vacuum_retention_hours")
@@ -66,8 +71,26 @@ _BUCKET_OF = re.compile(rf"(?:^|/){BUCKET}=(\d+)/")
 _BAD_NAME = re.compile(r"[ ,;{}()\n\t=]")
 
 
-def _local(path: str) -> Path:
-    return Path(path)
+def _on_object_store(path: str) -> bool:
+    return "://" in path and not path.lower().startswith("file://")
+
+
+def _handle(path: str, storage_options: dict[str, str] | None = None) -> Warehouse:
+    """A filesystem handle rooted at a sink's table: a local folder (no storage
+    options) or an object-store URI (``storage_options``, completed from the
+    environment as for a warehouse)."""
+    return Warehouse(path, storage_options if _on_object_store(path) else None)
+
+
+def synced_epoch(path: str, sink_id: int,
+                 storage_options: dict[str, str] | None = None) -> int | None:
+    """The epoch a sink's Delta table holds (its application transaction), if any."""
+    try:
+        version = _handle(path, storage_options).delta(path).transaction_version(
+            f"{APP_PREFIX}{sink_id}")
+    except Exception:  # noqa: BLE001 - a missing table has synced nothing
+        return None
+    return None if version is None else int(version)
 
 
 class SinkManager:
@@ -76,8 +99,31 @@ class SinkManager:
         self.spark = spark
         self.meta = meta
         self.store = store
-        assert warehouse.local_path is not None  # TODO: sinks beside an object store
-        self.warehouse = warehouse.local_path
+        self.warehouse = warehouse
+        self._handles: dict[str, Warehouse] = {}
+
+    def _fs(self, path: str) -> Warehouse:
+        """The handle of the sink table at ``path`` (an object store's with the engine
+        warehouse's storage options)."""
+        fs = self._handles.get(path)
+        if fs is None:
+            fs = self._handles[path] = _handle(path, self.warehouse.storage_options)
+        return fs
+
+    def _location(self, value: str) -> str:
+        """A sink's ``path`` option as an absolute local path or an object-store URI:
+        ``{warehouse}`` stands for the warehouse; a relative path is relative to the
+        current directory beside a local warehouse, and under the warehouse's URI
+        beside an object-store one."""
+        wh = self.warehouse
+        if wh.local_path is not None:
+            return resolve_path(value, wh.local_path)
+        text = value.replace("{warehouse}", wh.uri)
+        if "://" in text:
+            return resolve_path(text, Path(wh.uri))
+        if Path(text).expanduser().is_absolute():
+            return str(Path(text).expanduser().resolve())
+        return wh.join(text)
 
     # --- catalog --------------------------------------------------------------------------
 
@@ -116,16 +162,23 @@ class SinkManager:
                                 f"{opts.get('connector')!r}")
         if not opts.get("path"):
             raise InvalidOption(f"sink {cmd.name!r}: needs path = 'DIR' (the Delta table)")
-        path = resolve_path(str(opts["path"]), self.warehouse)
-        if "://" in path:
-            raise SinkError(f"sink {cmd.name!r}: path {path!r}: only local paths are supported")
+        path = self._location(str(opts["path"]))
+        try:
+            fs = _handle(path, self.warehouse.storage_options)
+        except SparkfillError as exc:
+            raise SinkError(f"sink {cmd.name!r}: path {path!r}: {exc}") from None
+        path = fs.uri
         buckets = opt_int(cmd.name, opts, "buckets", DEFAULT_BUCKETS, minimum=1)
         assert buckets is not None
         if buckets > VNODE_COUNT:
             raise InvalidOption(f"sink {cmd.name!r}: buckets must be <= {VNODE_COUNT}")
         retention = opt_int(cmd.name, opts, "vacuum_retention_hours", 1)
-        p = _local(path)
-        if p.exists() and (p.is_file() or any(p.iterdir())):
+        try:
+            existed = fs.exists(path)
+            busy = existed and (fs.is_file(path) or bool(fs.list(path)))
+        except OSError as exc:
+            raise SinkError(f"sink {cmd.name!r}: path {path!r}: {exc}") from None
+        if busy:
             raise SinkError(f"sink {cmd.name!r}: path {path!r} already exists and is not "
                             "empty; a sink writes a new Delta table")
         bad = [c.name for c in rel.visible_columns if _BAD_NAME.search(c.name)]
@@ -136,22 +189,25 @@ class SinkManager:
         sink = SinkRow(self.meta.next_sink_id(), cmd.name, rel.id, "delta", path,
                        {"buckets": buckets, "vacuum_retention_hours": retention},
                        self.meta.committed_epoch)
-        existed = p.exists()
+        self._handles[path] = fs
         self.meta.add_sink(sink)  # first: a crash after it leaves a sink the next sync repairs
         try:
             self._sync_one(sink, rel, self.meta.committed_epoch)
         except BaseException:
             self.meta.drop_sink(sink.id)
-            self._remove(p, existed)
+            self._remove(fs, path, existed)
             raise
 
     @staticmethod
-    def _remove(path: Path, keep_dir: bool) -> None:
-        if keep_dir:
-            for child in path.iterdir():
-                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+    def _remove(fs: Warehouse, path: str, keep_dir: bool) -> None:
+        try:
+            if keep_dir:
+                for child in fs.list(path):
+                    fs.rmtree(child)
+            else:
+                fs.rmtree(path)
+        except OSError:
+            pass  # best effort: the statement's own error is what the caller sees
 
     def drop(self, cmd: DropSink) -> None:
         """Forget a sink; its Delta table stays where it is."""
@@ -161,6 +217,7 @@ class SinkManager:
                 return
             raise CatalogError(f"no sink named {cmd.name!r}")
         self.meta.drop_sink(sink.id)
+        self._handles.pop(sink.path, None)
 
     # --- syncing --------------------------------------------------------------------------
 
@@ -176,11 +233,15 @@ class SinkManager:
     def _open(self, sink: SinkRow, rel: Relation) -> DeltaTable:
         """The sink's Delta table, created (empty) when it is not there yet."""
         try:
-            if not DeltaTable.is_deltatable(sink.path):
-                _local(sink.path).mkdir(parents=True, exist_ok=True)
-                return DeltaTable.create(sink.path, self._schema(rel), mode="overwrite",
-                                         name=sink.name)
-            return DeltaTable(sink.path)
+            fs = self._fs(sink.path)
+            try:
+                return fs.delta(sink.path)
+            except TableNotFoundError:
+                pass
+            if fs.is_local:
+                fs.makedirs(sink.path)
+            return DeltaTable.create(sink.path, self._schema(rel), mode="overwrite",
+                                     name=sink.name, storage_options=fs.storage_options or None)
         except Exception as exc:  # noqa: BLE001
             raise SinkError(f"sink {sink.name!r}: cannot open its Delta table {sink.path!r}: "
                             f"{exc}") from exc
@@ -199,11 +260,11 @@ class SinkManager:
 
     def _clean_attempts(self, sink: SinkRow, done: int) -> None:
         """Remove what syncs that never committed wrote (epochs above ``done``)."""
-        root = _local(sink.path)
-        for child in root.iterdir():
-            m = _DIR.match(child.name)
-            if m and int(m.group(1)) > done and child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
+        fs = self._fs(sink.path)
+        for child in fs.list(sink.path):
+            m = _DIR.match(Warehouse.name_of(child))
+            if m and int(m.group(1)) > done and not fs.is_file(child):
+                fs.rmtree(child)
 
     def _touched_vnodes(self, rel: Relation, done: int, epoch: int) -> list[int] | None:
         """Vnodes the MV changed in ``(done, epoch]``; None when its log no longer
@@ -233,14 +294,22 @@ class SinkManager:
         cols = [c.name for c in rel.visible_columns]
         snap = self.store.snapshot(rel.stored, epoch, vnodes=vnodes)
         out = snap.select(*cols, (F.col(VNODE) * F.lit(buckets) / F.lit(VNODE_COUNT))
-                          .cast("int").alias(BUCKET))
-        sub = f"e{epoch:010d}-{uuid.uuid4().hex[:8]}"
-        root = _local(sink.path)
-        target = root / sub
+                          .cast("int").alias(BUCKET)).repartition(BUCKET)
+        fs = self._fs(sink.path)
+        root = fs.uri.rstrip("/")
+        target = fs.join(f"e{epoch:010d}-{uuid.uuid4().hex[:8]}")
         try:
-            out.repartition(BUCKET).write.partitionBy(BUCKET).parquet(str(target))
-            adds = self._adds(root, target, now_ms)
-            actions: list[AddAction | RemoveAction] = list(adds)
+            if fs.is_local:
+                out.write.partitionBy(BUCKET).parquet(target)
+                written = self._listed(fs, target)
+            else:
+                written = self._write_remote(out, fs, target, self._schema(rel))
+            actions: list[AddAction | RemoveAction] = []
+            for uri, size, rows in written:
+                if not uri.startswith(root + "/"):
+                    raise SinkError(f"sink {sink.name!r}: wrote {uri!r} outside its table")
+                actions.append(AddAction(uri[len(root) + 1:], size, {}, now_ms, True,
+                                         json.dumps({"numRecords": rows})))
             if hit is not None:
                 wanted = set(hit)
                 for path, size in self._files(dt):
@@ -250,10 +319,60 @@ class SinkManager:
             dt.create_write_transaction(actions, mode="overwrite" if hit is None else "append",
                                         schema=dt.schema(), commit_properties=props)
         except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
+            try:
+                fs.rmtree(target)
+            except OSError:
+                pass  # the next sync's _clean_attempts removes it
             raise
         if epoch % 10 == 0:
             self._vacuum(sink)
+
+    @staticmethod
+    def _listed(fs: Warehouse, target: str) -> list[tuple[str, int, int]]:
+        """The data files Spark wrote under a local ``target`` (URI, size, rows); the
+        marker and checksum files it wrote beside them are removed."""
+        found = []
+        for child in fs.list(target):
+            name = Warehouse.name_of(child)
+            if name.startswith((".", "_")):
+                fs.rmtree(child)  # _SUCCESS and its checksum: not part of the table
+                continue
+            if not name.startswith(f"{BUCKET}="):
+                continue
+            for uri in fs.list(child):
+                file = Warehouse.name_of(uri)
+                if file.startswith((".", "_")):
+                    fs.rmtree(uri)
+                elif file.endswith(".parquet"):
+                    found.append((uri, fs.size(uri), int(fs.parquet_metadata(uri).num_rows)))
+        return sorted(found)
+
+    @staticmethod
+    def _write_remote(out: DataFrame, fs: Warehouse, target: str,
+                      schema: pa.Schema) -> list[tuple[str, int, int]]:
+        """Write ``out`` (visible columns, then the bucket) under ``target`` on an object
+        store in one Spark job: the executors write each bucket's rows of a partition
+        as one Parquet file under ``target/sf_bucket=N/`` (``object_files``) and
+        return its URI, size and rows, so the driver lists nothing."""
+        make = object_files.parquet_writer  # bound here: shipped by value with the closure
+        options = dict(fs.storage_options)
+        column = BUCKET
+
+        def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            import pyarrow.compute as pc
+
+            collected = [b for b in batches if b.num_rows]
+            if not collected:
+                return
+            rows = pa.Table.from_batches(collected)
+            for bucket in sorted(pc.unique(rows[column]).to_pylist()):
+                part = rows.filter(pc.equal(rows[column], bucket)).drop_columns([column])
+                writer = make(f"{target}/{column}={bucket}", options, [], schema)
+                yield from writer(iter(part.to_batches()))
+
+        object_files.ship_by_value()
+        got = out.mapInArrow(write, object_files.WRITTEN_SCHEMA).collect()
+        return sorted((str(r["path"]), int(r["size"]), int(r["rows"])) for r in got)
 
     @staticmethod
     def _files(dt: DeltaTable) -> list[tuple[str, int]]:
@@ -261,31 +380,23 @@ class SinkManager:
         return list(zip(actions.column("path").to_pylist(),
                         [int(s) for s in actions.column("size_bytes").to_pylist()], strict=True))
 
-    @staticmethod
-    def _adds(root: Path, target: Path, now_ms: int) -> Sequence[AddAction]:
-        adds = []
-        for p in sorted(target.rglob("*")):
-            if p.is_file() and (p.name.startswith((".", "_"))):
-                p.unlink()  # _SUCCESS and checksum files: not part of the table
-        for p in sorted(target.glob(f"{BUCKET}=*/*.parquet")):
-            rows = pq.ParquetFile(p).metadata.num_rows
-            adds.append(AddAction(str(p.relative_to(root)), p.stat().st_size, {}, now_ms, True,
-                                  json.dumps({"numRecords": rows})))
-        return adds
-
     def _vacuum(self, sink: SinkRow) -> None:
         """Delete files the table stopped referencing more than the retention ago."""
         hours = sink.options.get("vacuum_retention_hours")
         if hours is None:
             return
+        fs = self._fs(sink.path)
         try:
-            DeltaTable(sink.path).vacuum(retention_hours=int(hours), dry_run=False,
-                                         enforce_retention_duration=False)
+            fs.delta(sink.path).vacuum(retention_hours=int(hours), dry_run=False,
+                                       enforce_retention_duration=False)
+            # then the sync folders vacuum emptied (and an object store's folder markers)
+            for folder in fs.list(sink.path):
+                if not _DIR.match(Warehouse.name_of(folder)) or fs.is_file(folder):
+                    continue
+                for sub in fs.list(folder):
+                    if Warehouse.name_of(sub).startswith(f"{BUCKET}=") and not fs.list(sub):
+                        fs.rmtree(sub)
+                if not fs.list(folder):
+                    fs.rmtree(folder)
         except Exception:  # noqa: BLE001 - vacuum is housekeeping; the next one retries
             return
-        for d in sorted(_local(sink.path).glob("e*/*"), reverse=True):
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        for d in _local(sink.path).glob("e*"):
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
