@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import threading
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import SparkfillError
+from .storage.warehouse import Warehouse
 
 __all__ = ["main"]
 
@@ -41,7 +41,15 @@ def _meta_of(args: argparse.Namespace) -> str | None:
     return args.meta if args.meta is not None else recorded_meta(args.warehouse)
 
 
-def _open_meta(warehouse: Path, meta_url: str | None) -> Any:
+def _warehouse(text: str) -> Warehouse:
+    """A command's warehouse argument: a folder or an object-store URI."""
+    try:
+        return Warehouse(text)
+    except SparkfillError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _open_meta(warehouse: Warehouse, meta_url: str | None) -> Any:
     """The warehouse's meta store, opened read-only (no writer lock); raises
     ``SparkfillError`` for a folder that is not a warehouse or a wrong ``meta_url``."""
     from .storage.meta_store import MetaStore, check_meta, open_postgres
@@ -50,9 +58,9 @@ def _open_meta(warehouse: Path, meta_url: str | None) -> Any:
     if url is not None:
         target, _ = open_postgres(warehouse, url, read_only=True)
         return MetaStore(target, read_only=True)
-    if not (warehouse / "meta.sqlite").is_file():
+    if warehouse.local_path is None or not (warehouse.local_path / "meta.sqlite").is_file():
         raise SparkfillError(f"{warehouse} is not a sparkfill warehouse")
-    return MetaStore(warehouse / "meta.sqlite", read_only=True)
+    return MetaStore(warehouse.local_path / "meta.sqlite", read_only=True)
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
@@ -68,7 +76,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _print_status(meta: Any, warehouse: Path, console: Console) -> None:
+def _print_status(meta: Any, warehouse: Warehouse, console: Console) -> None:
     console.print(f"warehouse {warehouse}: committed epoch {meta.committed_epoch}")
     table = Table("name", "kind", "strategy", "state", "rows", "backfilled rows", "vnodes done")
     names: dict[int, str] = {}
@@ -149,7 +157,8 @@ def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
     from .storage.metadata import SHOW_COLUMNS, explain_existing, show_rows
 
     cmd = parse_statement(args.statement)
-    exists = any((args.warehouse / name).is_file() for name in ("meta.sqlite", META_FILE))
+    wh = args.warehouse
+    exists = any(wh.is_file(wh.join(name)) for name in ("meta.sqlite", META_FILE))
     if not isinstance(cmd, Show | ExplainExisting) or not exists:
         return False
     meta = _open_meta(args.warehouse, _meta_of(args))
@@ -173,13 +182,14 @@ def _show_without_spark(args: argparse.Namespace, console: Console) -> bool:
 def _sql(args: argparse.Namespace, console: Console, spark: Any) -> int:
     from .engine import Engine
 
-    if not args.warehouse.is_dir():
-        console.print(f"[red]error:[/red] warehouse {args.warehouse} is not a directory")
+    wh = args.warehouse
+    if wh.local_path is not None and not wh.local_path.is_dir():
+        console.print(f"[red]error:[/red] warehouse {wh} is not a directory")
         return 2
     try:
         if _show_without_spark(args, console):
             return 0
-        with Engine(args.warehouse, spark=spark, meta=_meta_of(args)) as eng:
+        with Engine(args.warehouse.uri, spark=spark, meta=_meta_of(args)) as eng:
             result = eng.sql(args.statement)
             if result is not None:
                 _print_result(console, args.statement, result, args.limit)
@@ -243,10 +253,10 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
 
     stop = threading.Event()
     text = path.read_text()
-    fresh = not args.warehouse.exists()
+    fresh = not args.warehouse.exists(args.warehouse.uri)
     resume_key = f"pipeline:{hashlib.sha256(text.encode()).hexdigest()}"
     try:
-        with Engine(args.warehouse, spark=spark, meta=_meta_of(args)) as eng, \
+        with Engine(args.warehouse.uri, spark=spark, meta=_meta_of(args)) as eng, \
                 stop_on_signals(stop, console):
             # a re-run of the same file resumes after the last statement it ran
             done = int(eng.meta.get(resume_key) or 0)
@@ -256,7 +266,7 @@ def _run(args: argparse.Namespace, console: Console, spark: Any) -> int:
             except SparkfillError:
                 if fresh:  # a warehouse created only to check a failing pipeline
                     eng.close()
-                    shutil.rmtree(args.warehouse, ignore_errors=True)
+                    args.warehouse.rmtree(args.warehouse.uri)
                 raise
             if args.check:
                 console.print(f"ok: {len(todo)} statements of {path} checked"
@@ -328,8 +338,8 @@ def _parser() -> argparse.ArgumentParser:
                     "--epochs ran, the pipeline is idle (--until-idle), or Ctrl-C (which "
                     "stops after the current epoch).")
     run.add_argument("pipeline", type=Path, metavar="PIPELINE.sql")
-    run.add_argument("--warehouse", type=Path, required=True, metavar="DIR",
-                     help="the warehouse folder (created when missing)")
+    run.add_argument("--warehouse", type=_warehouse, required=True, metavar="DIR",
+                     help="the warehouse folder (created when missing) or object-store URI")
     until = run.add_mutually_exclusive_group()
     until.add_argument("--epochs", type=int, metavar="N",
                        help="epochs to run after the file's statements")
@@ -343,14 +353,14 @@ def _parser() -> argparse.ArgumentParser:
                           "it would build (nothing runs, nothing is written)")
     sql = sub.add_parser("sql", help="run one statement against a warehouse",
                          description="Run one statement; a query or SHOW prints a table.")
-    sql.add_argument("warehouse", type=Path, metavar="DIR")
+    sql.add_argument("warehouse", type=_warehouse, metavar="DIR")
     sql.add_argument("statement", metavar="STATEMENT")
     sql.add_argument("--limit", type=int, default=100, metavar="N",
                      help="rows to print at most (default 100)")
     status = sub.add_parser("status", help="print a warehouse's relations, jobs, sources and "
                                            "sinks (read-only)",
                             description="Read-only: safe beside a running pipeline.")
-    status.add_argument("warehouse", type=Path, metavar="DIR")
+    status.add_argument("warehouse", type=_warehouse, metavar="DIR")
     for command in (run, sql, status):
         command.add_argument("--meta", metavar="URL", default=None,
                              help="the warehouse's PostgreSQL meta store (default: the URL "

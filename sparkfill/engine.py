@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -134,27 +133,13 @@ def _boundary(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _local_warehouse(warehouse: str | Path) -> Path:
-    """The warehouse folder of a local path or ``file://`` URI; any other scheme is
-    refused before anything is created (the warehouse must be on a local or
-    mounted POSIX filesystem for now)."""
-    text = str(warehouse)
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
-    if m is None:
-        return Path(text).resolve()
-    if m.group(1).lower() == "file":
-        return Path(m.group(2) or "/").resolve()
-    raise SparkfillError(
-        f"warehouse {text!r}: a {m.group(1)}:// warehouse is not supported yet; sparkfill "
-        "keeps its warehouse on a local or mounted filesystem (a path or file://...)")
-
-
 class Engine:
     """An incremental materialized-view engine over one warehouse folder."""
 
     def __init__(self, warehouse: str | Path, spark: SparkSession | None = None,
                  *, retain_epochs: int = 200, read_only: bool = False,
-                 meta: str | None = None) -> None:
+                 meta: str | None = None,
+                 storage_options: dict[str, str] | None = None) -> None:
         """Open (or create) a warehouse as its one writer; ``read_only=True`` opens an
         existing one for reading beside its writer: reads, progress, SHOW, EXPLAIN,
         VERIFY and queries see each epoch the writer commits; anything that would
@@ -165,16 +150,28 @@ class Engine:
         keeps it in that PostgreSQL database, in a schema of the warehouse's own, with
         the writer lock an advisory lock there (no shared filesystem needed). A
         warehouse is always reopened with the meta store it was created with
-        (``MetaStoreError`` otherwise); another kind of URL raises ``InvalidOption``."""
+        (``MetaStoreError`` otherwise); another kind of URL raises ``InvalidOption``.
+
+        ``warehouse`` is a local path, a ``file://`` URI or an object-store URI
+        (``s3://bucket/prefix``, ``gs://``, ``abfss://``, ...), whose credentials and
+        endpoint come from the environment (``AWS_*``, as for delta-rs and pyarrow)
+        or ``storage_options`` (delta-rs's keys, e.g. ``AWS_ENDPOINT_URL``); an
+        object-store warehouse needs a PostgreSQL ``meta``. An unknown scheme raises
+        ``SparkfillError`` and creates nothing."""
         self._closed = True
         self.read_only = read_only
-        self.path = _local_warehouse(warehouse)
-        pg_url = check_meta(self.path, meta)
+        self.warehouse = Warehouse(warehouse, storage_options)
+        #: the warehouse folder (a Path) or, on an object store, its URI
+        self.path: Path | str = (self.warehouse.local_path if self.warehouse.local_path
+                                 is not None else self.warehouse.uri)
+        pg_url = check_meta(self.warehouse, meta)
+        self.warehouse.check_reachable()
         self._lock: WriterLock | AdvisoryLock | None
         pg: PgTarget | None = None
         if pg_url is not None:
-            pg, self._lock = open_postgres(self.path, pg_url, read_only)
+            pg, self._lock = open_postgres(self.warehouse, pg_url, read_only)
         else:
+            assert isinstance(self.path, Path)  # check_meta: SQLite needs a local folder
             if read_only and not (self.path / "meta.sqlite").is_file():
                 raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a "
                                         "read-only open needs one that exists")
@@ -188,11 +185,10 @@ class Engine:
             self.spark = spark if spark is not None else build_spark_session()
             # a caller's session too: an epoch's plans reuse cached Δs many times
             self.spark.conf.set("spark.sql.maxPlanStringLength", "65536")
-            self.meta = MetaStore(pg if pg is not None else self.path / "meta.sqlite",
+            self.meta = MetaStore(pg if pg is not None else Path(self.path) / "meta.sqlite",
                                   read_only=read_only)
             if isinstance(self._lock, AdvisoryLock):
                 self.meta.fence = self._lock.check
-            self.warehouse = Warehouse(self.path)
             self.store = RelationStore(self.spark, self.warehouse, self.meta)
             self.catalog = Catalog(self.meta)
             self.stager = DmlStager(self.spark, self.meta, self.warehouse)
@@ -222,7 +218,7 @@ class Engine:
         for rel_id, dir_ in self.meta.pending_dirs():
             rel = next((r for r in self.catalog.all() if r.id == rel_id), None)
             if rel is None:
-                shutil.rmtree(dir_, ignore_errors=True)
+                self.warehouse.rmtree(dir_)
             else:
                 self.store.remove_unreferenced_dir(rel.stored, dir_)
             self.meta.remove_pending_dir(dir_)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,9 @@ def build_spark_session(
         for key, value in {**runtime, **(extra_conf or {})}.items():
             session.conf.set(key, str(value))
         return session
+    # Spark's Python workers (an object-store warehouse's reads and writes) run the
+    # driver's interpreter, with its packages, unless the user named another
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,7 +61,9 @@ class ConnectServer:
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         cmd.append("spark-internal")
-        env = {**os.environ, "SPARK_HOME": str(spark_home)}
+        # the server's Python workers run this interpreter (pyarrow, sparkfill)
+        env = {**os.environ, "SPARK_HOME": str(spark_home),
+               "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
         env.pop("SPARK_REMOTE", None)
         env.pop("PYSPARK_SUBMIT_ARGS", None)
         with open(self.log, "wb") as out:

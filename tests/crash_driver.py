@@ -1,7 +1,8 @@
 """Deterministic workload for the crash test, resumable from a journal.
 
 Run as a script (``python crash_driver.py WAREHOUSE JOURNAL SEED``) it opens
-``Engine(WAREHOUSE)`` (Spark master from ``$SPARKFILL_MASTER``), prints
+``Engine(WAREHOUSE)`` (Spark master from ``$SPARKFILL_MASTER``, meta store from
+``$SPARKFILL_TEST_META``), prints
 ``READY``, and continues the workload from where the journal says, printing
 one line per event (``DML step op``, ``STEP step epoch state``) and ``DONE``
 at the end. The parent test SIGKILLs it at chosen moments.
@@ -25,6 +26,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+#: the meta store URL the driver opens its warehouse with (unset: SQLite)
+META_ENV = "SPARKFILL_TEST_META"
 TABLE = "ct"
 MV = "cmv"
 MV_TEMPLATE = "SELECT id, g, v + g AS w, s FROM {src} WHERE v % 4 <> 1"
@@ -245,7 +248,8 @@ def main(argv: list[str]) -> int:
     warehouse, journal, seed = argv[1], argv[2], int(argv[3])
     from sparkfill import Engine
 
-    eng = Engine(warehouse)
+    # a warehouse on an object store names its PostgreSQL meta store here
+    eng = Engine(warehouse, meta=os.environ.get(META_ENV) or None)
     print("READY", flush=True)
     run_workload(eng, journal, seed, emit=lambda s: print(s, flush=True))
     eng.close()

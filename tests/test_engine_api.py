@@ -474,11 +474,15 @@ def test_a_failure_after_the_commit_is_reported_not_raised(engine, monkeypatch):
 
 def test_a_warehouse_uri_of_another_scheme_is_refused_creating_nothing(spark, tmp_path,
                                                                       monkeypatch):
-    from sparkfill import SparkfillError
+    from sparkfill import InvalidOption, SparkfillError
 
     monkeypatch.chdir(tmp_path)
-    for uri in ("s3://bucket/wh", "hdfs://nn:8020/wh", "gs://b/wh"):
-        with pytest.raises(SparkfillError, match="not supported yet"):
+    for uri in ("hdfs://nn:8020/wh", "ftp://host/wh", "s3:///no-bucket"):
+        with pytest.raises(SparkfillError, match="unknown scheme|no bucket"):
+            Engine(uri, spark=spark)
+    # an object store needs a meta store off the local disk; refused before any I/O
+    for uri in ("s3://bucket/wh", "gs://b/wh"):
+        with pytest.raises(InvalidOption, match="keeps its meta store in PostgreSQL"):
             Engine(uri, spark=spark)
     assert list(tmp_path.iterdir()) == []
     eng = Engine(f"file://{tmp_path / 'wh'}", spark=spark)

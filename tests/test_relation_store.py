@@ -22,16 +22,21 @@ COLUMNS = (Column("id", "bigint", False), Column("v", "string", True))
 KEY = ("id",)
 
 
-@pytest.fixture(params=["driver", "executors"])
+@pytest.fixture(params=["driver", "executors", "s3-executors"])
 def store(request, tmp_path: Path, spark, monkeypatch):
     """A store whose appends are written by the driver (small Δs, as the epoch loop
-    writes them) or by Spark's executors (large Δs): every test runs both ways."""
+    writes them) or by Spark's executors (large Δs), in a local folder, and by the
+    executors through pyarrow into a bucket of the loopback S3 server: every test
+    runs each way."""
     import sparkfill.storage.relation_store as relation_store
 
-    if request.param == "executors":
+    if request.param.endswith("executors"):
         monkeypatch.setattr(relation_store, "LOCAL_WRITE_ROWS", -1)
+    location = tmp_path
+    if request.param.startswith("s3"):
+        location = f"s3://{request.getfixturevalue('s3_server').new_bucket()}/wh"
     meta = MetaStore(tmp_path / "meta.sqlite")
-    st_ = RelationStore(spark, Warehouse(tmp_path), meta, target_file_rows=40,
+    st_ = RelationStore(spark, Warehouse(location), meta, target_file_rows=40,
                         max_log_files=1000, min_compact_rows=10**9)
     rel = StoredRelation(1, "r", "000001-r", COLUMNS, KEY)
     st_.create(rel.dir, COLUMNS)
@@ -69,7 +74,7 @@ def test_snapshot_merges_log_latest_change_wins_and_time_travels(store, spark):
         (1, "U+", 2), (1, "U-", 2), (2, "+", 3), (2, "-", 2), (3, "-", 3)]
 
 
-def test_delta_checkpoints_keep_every_version_readable(store, spark, tmp_path, monkeypatch):
+def test_delta_checkpoints_keep_every_version_readable(store, spark, monkeypatch):
     import sparkfill.storage.relation_store as relation_store
 
     monkeypatch.setattr(relation_store, "CHECKPOINT_EVERY", 2)
@@ -77,9 +82,9 @@ def test_delta_checkpoints_keep_every_version_readable(store, spark, tmp_path, m
     _commit(st_, meta, rel, 1, [(1, "a", "+"), (2, "b", "+")], spark)
     _commit(st_, meta, rel, 2, [(1, "a", "U-"), (1, "a2", "U+")], spark)
     _commit(st_, meta, rel, 3, [(2, "b", "-"), (3, "c", "+")], spark)
-    log_dir = tmp_path / "relations" / rel.dir / "_delta_log"
-    assert list(log_dir.glob("*.checkpoint.parquet")), sorted(p.name for p in log_dir.iterdir())
-    fresh = RelationStore(spark, Warehouse(tmp_path), meta)  # no cached file lists
+    log = st_.warehouse.list(f"{st_.path(rel)}/_delta_log")
+    assert any(name.endswith(".checkpoint.parquet") for name in log), log
+    fresh = RelationStore(spark, st_.warehouse, meta)  # no cached file lists
     assert _snap(fresh, rel, 1) == [(1, "a"), (2, "b")]
     assert _snap(fresh, rel, 2) == [(1, "a2"), (2, "b")]
     assert _snap(fresh, rel, 3) == [(1, "a2"), (3, "c")]
@@ -156,7 +161,7 @@ def test_a_log_that_is_already_a_base_is_adopted_without_a_rewrite(store, spark)
     assert sorted((f.rows, f.vnode_min, f.vnode_max, f.key_min, f.key_max) for f in base) == \
         sorted((f.rows, f.vnode_min, f.vnode_max, f.key_min, f.key_max) for f in log_files)
     for f in log_files:  # as vacuum leaves it: the base keeps its rows
-        Path(f.uri).unlink()
+        st_.warehouse.rmtree(f.uri)
     assert _snap(st_, rel, 1) == [(i, str(i)) for i in range(300)]
     _commit(st_, meta, rel, 2, [(1, "1", "U-"), (1, "x", "U+"), (2, "2", "-"), (500, "n", "+")],
             spark)

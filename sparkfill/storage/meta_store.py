@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from ..errors import InvalidOption, MetaStoreError, WarehouseReadOnly
+from .warehouse import Warehouse
 
 if TYPE_CHECKING:
     from .lock import AdvisoryLock
@@ -571,12 +572,18 @@ def _meta_url(meta: str) -> str:
     return meta
 
 
-def _read_meta_file(warehouse: Path) -> dict[str, str] | None:
-    path = warehouse / META_FILE
-    if not path.is_file():
+def _as_warehouse(warehouse: Warehouse | Path | str) -> Warehouse:
+    return warehouse if isinstance(warehouse, Warehouse) else Warehouse(warehouse)
+
+
+def _read_meta_file(warehouse: Warehouse | Path | str) -> dict[str, str] | None:
+    wh = _as_warehouse(warehouse)
+    path = wh.join(META_FILE)
+    text = wh.read_text(path)
+    if text is None:
         return None
     try:
-        recorded = json.loads(path.read_text())
+        recorded = json.loads(text)
         meta, schema = str(recorded["meta"]), str(recorded["schema"])
     except (ValueError, KeyError, TypeError) as exc:
         raise MetaStoreError(f"{path}: not a meta store record ({exc})") from None
@@ -585,19 +592,25 @@ def _read_meta_file(warehouse: Path) -> dict[str, str] | None:
     return {"meta": meta, "schema": schema}
 
 
-def recorded_meta(warehouse: Path) -> str | None:
+def recorded_meta(warehouse: Warehouse | Path | str) -> str | None:
     """The PostgreSQL URL (less its password) the warehouse records in ``META_FILE``;
     None for a warehouse whose meta store is its SQLite file (or no warehouse)."""
     recorded = _read_meta_file(warehouse)
     return None if recorded is None else recorded["meta"]
 
 
-def check_meta(warehouse: Path, meta: str | None) -> str | None:
+def check_meta(warehouse: Warehouse | Path | str, meta: str | None) -> str | None:
     """The PostgreSQL URL of the warehouse's meta store (``meta``), or None for SQLite
     in the warehouse. Raises ``InvalidOption`` for another kind of URL and
     ``MetaStoreError`` when the warehouse was created with another meta store (a
     different URL, PostgreSQL while ``meta`` is None, or SQLite). Creates nothing."""
     url = None if meta is None else _meta_url(meta)
+    warehouse = _as_warehouse(warehouse)
+    if url is None and not warehouse.is_local:
+        raise InvalidOption(
+            f"warehouse {warehouse.uri}: a warehouse on {warehouse.scheme}:// keeps its meta "
+            "store in PostgreSQL (SQLite needs a local disk): "
+            "Engine(uri, meta='postgresql://user@host:port/database')")
     recorded = _read_meta_file(warehouse)
     if recorded is not None:
         if url is None:
@@ -610,33 +623,33 @@ def check_meta(warehouse: Path, meta: str | None) -> str | None:
                 f"warehouse {warehouse} keeps its meta store in {recorded['meta']} (schema "
                 f"{recorded['schema']}, recorded in {META_FILE}), not in {redact_url(url)}; "
                 f"open it with meta={recorded['meta']!r}")
-    elif url is not None and (warehouse / "meta.sqlite").exists():
+    elif url is not None and warehouse.exists(warehouse.join("meta.sqlite")):
         raise MetaStoreError(
             f"warehouse {warehouse} keeps its meta store in SQLite (meta.sqlite, the default); "
             f"open it without meta= (its meta store does not move to {redact_url(url)})")
     return url
 
 
-def _record_meta(warehouse: Path, url: str) -> tuple[bool, str]:
+def _record_meta(warehouse: Warehouse, url: str, conn: Any) -> tuple[bool, str]:
     """The schema of the warehouse's meta store, recorded in META_FILE; a new one
-    (``sf_<folder>_<random>``) written there if there is none. Whether it existed."""
+    (``sf_<folder>_<random>``) written there if there is none. Whether it existed.
+    Of two engines creating it at once the first wins: locally by a hard link, on
+    an object store under an advisory lock on the warehouse's URI (``conn``)."""
     recorded = _read_meta_file(warehouse)
     if recorded is None:
-        name = re.sub(r"[^a-z0-9]+", "_", warehouse.name.lower()).strip("_")[:24] or "warehouse"
+        folder = Warehouse.name_of(warehouse.uri).lower()
+        name = re.sub(r"[^a-z0-9]+", "_", folder).strip("_")[:24] or "warehouse"
         schema = f"sf_{name}_{uuid.uuid4().hex[:16]}"
-        tmp = warehouse / f".{META_FILE}.{uuid.uuid4().hex}"
-        with open(tmp, "w") as f:
-            json.dump({"meta": redact_url(url), "schema": schema}, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:  # a link, not a rename: of two engines creating it at once, the first wins
-            os.link(tmp, warehouse / META_FILE)
-            return False, schema
-        except FileExistsError:
-            pass
+        text = json.dumps({"meta": redact_url(url), "schema": schema}, indent=2) + "\n"
+        key = _lock_key(f"create {warehouse.uri}")
+        if not warehouse.is_local:
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            if warehouse.create_text(warehouse.join(META_FILE), text):
+                return False, schema
         finally:
-            tmp.unlink()
+            if not warehouse.is_local:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
     check_meta(warehouse, url)
     recorded = _read_meta_file(warehouse)
     assert recorded is not None
@@ -644,14 +657,15 @@ def _record_meta(warehouse: Path, url: str) -> tuple[bool, str]:
 
 
 def _lock_key(schema: str) -> int:
-    """The advisory lock key of a warehouse's writer: 64 bits of a hash of its schema."""
+    """The advisory lock key of a warehouse's writer: 64 bits of a hash of its schema
+    (or of another name, for another lock)."""
     import hashlib
 
     digest = hashlib.sha256(f"sparkfill writer {schema}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def open_postgres(warehouse: Path, url: str,
+def open_postgres(warehouse: Warehouse | Path | str, url: str,
                   read_only: bool) -> tuple[PgTarget, AdvisoryLock | None]:
     """The PostgreSQL meta store of the warehouse and, for a writer, its writer lock,
     held. A writer connects first (an unreachable server creates nothing), then
@@ -659,23 +673,23 @@ def open_postgres(warehouse: Path, url: str,
     there), then takes the lock. A reader needs an existing warehouse."""
     from .lock import AdvisoryLock
 
+    warehouse = _as_warehouse(warehouse)
     if read_only:
         recorded = _read_meta_file(warehouse)
         if recorded is None:
             raise WarehouseReadOnly(f"{warehouse} is not a sparkfill warehouse; a read-only "
                                     "open needs one that exists")
-        return PgTarget(url, recorded["schema"], str(warehouse)), None
+        return PgTarget(url, recorded["schema"], warehouse.uri), None
     conn = _pg_connect(url, f"sparkfill writer pid {os.getpid()}@{os.uname().nodename}")
     try:
-        warehouse.mkdir(parents=True, exist_ok=True)
-        existed, schema = _record_meta(warehouse, url)
-        target = PgTarget(url, schema, str(warehouse))
+        warehouse.makedirs(warehouse.uri)
+        existed, schema = _record_meta(warehouse, url, conn)
+        target = PgTarget(url, schema, warehouse.uri)
         lock = AdvisoryLock(conn, _lock_key(schema),
                             f"{warehouse} (meta store {target.shown}, schema {schema})")
         lock.acquire()
-        relations = warehouse / "relations"
-        if existed and not _schema_exists(conn, schema) and relations.is_dir() \
-                and any(relations.iterdir()):
+        if existed and not _schema_exists(conn, schema) \
+                and warehouse.list(warehouse.join("relations")):
             lock.release()
             raise MetaStoreError(
                 f"warehouse {warehouse} has relations but its meta store {target.shown} has "

@@ -59,11 +59,9 @@ def filesystem_for(uri: str, storage_options: dict[str, str] | None = None) -> t
         if endpoint is not None and "://" in endpoint:
             scheme, _, rest = endpoint.partition("://")
             kwargs["scheme"], kwargs["endpoint_override"] = scheme, rest
-        path = uri.split("://", 1)[1]
-        if kwargs:
-            return pafs.S3FileSystem(**kwargs), path.rstrip("/")
-        fs, _ = pafs.FileSystem.from_uri("s3://" + path)
-        return fs, path.rstrip("/")
+        # built directly (not from_uri, which asks the network for the bucket's region):
+        # the region comes from AWS_REGION, the options or the AWS config
+        return pafs.S3FileSystem(**kwargs), uri.split("://", 1)[1].rstrip("/")
     return pafs.FileSystem.from_uri(uri)
 
 
@@ -136,23 +134,34 @@ except ImportError:  # pragma: no cover - sparkfill needs pyspark 4
 class _FilesReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, schema: Any, options: Mapping[str, str]) -> None:
         self.uris: list[str] = json.loads(options["uris"])
-        self.storage: dict[str, str] = json.loads(options.get("storage", "{}"))
+        # one option per setting, so Spark's redaction hides the secret ones in plans
+        self.storage = {k[len("storage."):]: v for k, v in options.items()
+                        if k.lower().startswith("storage.")}
         self.columns: list[str] = [f.name for f in schema.fields]
+        self.schema = schema
 
     def partitions(self) -> list[Any]:
         return [InputPartition(uri) for uri in self.uris]
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import to_arrow_schema
 
+        # exactly the requested schema (Spark checks it, nullability included)
+        target = to_arrow_schema(self.schema)
         fs, path = filesystem_for(partition.value, self.storage)
         with fs.open_input_file(path) as fh:
-            yield from pq.ParquetFile(fh).iter_batches(columns=self.columns)
+            for batch in pq.ParquetFile(fh).iter_batches(columns=self.columns):
+                if batch.schema != target:
+                    batch = pa.RecordBatch.from_arrays(
+                        [batch.column(i).cast(f.type) for i, f in enumerate(target)],
+                        schema=target)
+                yield batch
 
 
 class ArrowParquetSource(DataSource):  # type: ignore[misc]
     """``spark.read.format(SOURCE_NAME).schema(s).option("uris", json list)
-    .option("storage", json dict).load()``: the rows of those Parquet files."""
+    .option("storage.<key>", value)....load()``: the rows of those Parquet files."""
 
     @classmethod
     def name(cls) -> str:

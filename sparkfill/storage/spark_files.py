@@ -61,7 +61,8 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
     _register(spark)
     return (spark.read.format(object_files.SOURCE_NAME).schema(schema)
             .option("uris", json.dumps(list(uris)))
-            .option("storage", json.dumps(warehouse.storage_options))
+            .options(**{f"storage.{k.lower()}": v
+                        for k, v in warehouse.storage_options.items()})
             .load())
 
 

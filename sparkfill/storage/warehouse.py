@@ -36,6 +36,9 @@ __all__ = ["Warehouse", "OBJECT_STORE_SCHEMES"]
 
 #: schemes served through pyarrow's filesystems and delta-rs's object stores
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "azure")
+#: the environment an S3 warehouse's storage options are completed from
+_S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+           "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP")
 
 
 class Warehouse:
@@ -66,6 +69,12 @@ class Warehouse:
         self.local_path = None
         self.uri = f"{scheme}://{rest}"
         if scheme in ("s3", "s3a"):
+            # the driver's AWS_* settings go with the jobs to the executors, whose Python
+            # workers may not share the driver's environment (explicit options win)
+            given = {k.upper() for k in self.storage_options}
+            for key in _S3_ENV:
+                if key not in given and os.environ.get(key):
+                    self.storage_options[key] = os.environ[key]
             # one writer (the engine's lock) commits to each table: no rename lock needed
             self.storage_options.setdefault("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
             if _option(self.storage_options, "AWS_ENDPOINT_URL", "").startswith("http://"):
@@ -74,6 +83,21 @@ class Warehouse:
             self.fs, _ = filesystem_for(self.uri, self.storage_options)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             raise SparkfillError(f"warehouse {text!r}: cannot open its filesystem: {exc}") from None
+
+    def check_reachable(self) -> None:
+        """Raise ``SparkfillError`` unless the warehouse's bucket (container) can be
+        reached; a local folder always can (it is created on first use)."""
+        if self.is_local:
+            return
+        bucket = self._path(self.uri).split("/", 1)[0]
+        try:
+            info = self.fs.get_file_info(bucket)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError and others
+            raise SparkfillError(f"warehouse {self.uri}: cannot reach bucket {bucket!r}: "
+                                 f"{' '.join(str(exc).split())}") from None
+        if info.type == pafs.FileType.NotFound:
+            raise SparkfillError(f"warehouse {self.uri}: bucket {bucket!r} does not exist "
+                                 "(sparkfill does not create buckets)")
 
     @property
     def is_local(self) -> bool:

@@ -1,0 +1,62 @@
+"""An S3-compatible server on loopback for tests: moto in server mode, in a thread.
+
+``S3Server`` starts it, sets the ``AWS_*`` environment that delta-rs, pyarrow and
+Spark's Python workers (started from this process) read, and makes buckets."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION",
+            "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_EC2_METADATA_DISABLED")
+
+
+class S3Server:
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.endpoint = ""
+        self._saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> S3Server:
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true",
+               "AWS_EC2_METADATA_DISABLED": "true"}
+        for key in ENV_KEYS:
+            self._saved[key] = os.environ.get(key)
+        os.environ.update(env)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._server.stop()
+
+    def client(self):  # noqa: ANN201 - boto3's client type
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint)
+
+    def new_bucket(self) -> str:
+        name = f"sf-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        found: list[str] = []
+        for page in self.client().get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix):
+            found += [o["Key"] for o in page.get("Contents", [])]
+        return found
