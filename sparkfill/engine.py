@@ -99,6 +99,10 @@ def _translate(exc: Exception, where: str) -> SparkfillError:
         except Exception:  # noqa: BLE001 - best effort only
             condition = ""
     short = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    # a failed Spark job: its reason (stage failure, executor lost), not the JVM call
+    m = re.search(r"^.*(?:Job aborted|SparkException:)[^\n]*", text, re.MULTILINE)
+    if short.startswith("An error occurred while calling") and m is not None:
+        short = " ".join(m.group(0).split()).lstrip(": ")[:500]
     # names of internal relations and planning views never reach users
     short = re.sub(r"`?__sf_\w+`?\.", "", short)
     short = re.sub(r"`?__sf_\w+`?", "<internal>", short)

@@ -1,4 +1,5 @@
-"""An S3-compatible server on loopback for tests: moto in server mode, in a thread.
+"""An S3-compatible server on loopback for tests: moto in server mode, in a process of
+its own (in a thread it would share the driver's interpreter lock).
 
 ``S3Server`` starts it, sets the ``AWS_*`` environment that delta-rs, pyarrow and
 Spark's Python workers (started from this process) read, and makes buckets."""
@@ -6,6 +7,10 @@ Spark's Python workers (started from this process) read, and makes buckets."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
 import uuid
 
 ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION",
@@ -14,19 +19,26 @@ ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEF
 
 class S3Server:
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.endpoint = ""
+        self._proc: subprocess.Popen[bytes] | None = None
         self._saved: dict[str, str | None] = {}
 
     def __enter__(self) -> S3Server:
-        import logging
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request
-        self._server.start()
-        host, port = self._server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
+        port = _free_port()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    self._stop()
+                    raise RuntimeError("the moto S3 server did not start") from None
+                time.sleep(0.1)
+        self.endpoint = f"http://127.0.0.1:{port}"
         env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
                "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true",
@@ -42,7 +54,12 @@ class S3Server:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        self._server.stop()
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
 
     def client(self):  # noqa: ANN201 - boto3's client type
         import boto3
@@ -60,3 +77,9 @@ class S3Server:
                 Bucket=bucket, Prefix=prefix):
             found += [o["Key"] for o in page.get("Contents", [])]
         return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -104,14 +104,14 @@ def arm(eng, kill_at: str) -> None:
             return commit(c)
         eng.meta.commit_epoch = appended_then_die
     elif point == "sink":
-        adds = eng.sinks._adds
+        listed = eng.sinks._listed
 
-        def written_then_die(root, target, now_ms):
-            out = adds(root, target, now_ms)
+        def written_then_die(fs, target):
+            out = listed(fs, target)  # the sink's files of the epoch, written, not committed
             if eng.committed_epoch == epoch:
                 _die()
             return out
-        eng.sinks._adds = written_then_die
+        eng.sinks._listed = written_then_die
     else:
         raise ValueError(kill_at)
 

@@ -17,8 +17,8 @@ import sys
 import time
 
 import pytest
-from conftest import _free_port
 from helpers import check_mv, mv_sql, subprocess_env
+from pg_server import free_port
 
 # --- the meta store alone (no Spark) -------------------------------------------------------
 
@@ -194,7 +194,7 @@ def test_meta_url_errors_create_nothing(tmp_path, pg_url):
     with pytest.raises(InvalidOption, match="postgresql://") as err:
         Engine(wh, meta="mysql://me:secret@localhost/db")
     assert "secret" not in str(err.value)
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(MetaStoreError, match="cannot connect") as err:
         Engine(wh, meta=f"postgres://me:secret@127.0.0.1:{port}/db")
     assert f"postgresql://me@127.0.0.1:{port}/db" in str(err.value)

@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from . import object_files
 from .warehouse import Warehouse
 
-__all__ = ["WrittenFile", "read_parquet", "write_parquet"]
+__all__ = ["WrittenFile", "read_parquet", "write_parquet", "parquet_stats", "spark_native"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,13 @@ class WrittenFile:
 _registered: dict[int, SparkSession] = {}
 
 
+def spark_native(warehouse: Warehouse) -> bool:
+    """Whether Spark's own Parquet source and writer serve ``warehouse``: a local
+    one (measured faster there than the pyarrow path, bench/io_bench.py); an object
+    store goes through ``object_files``."""
+    return warehouse.is_local
+
+
 def _register(spark: SparkSession) -> None:
     """Register the Arrow Parquet source with ``spark`` (once per session)."""
     if _registered.get(id(spark)) is spark:
@@ -56,7 +63,7 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
     """The rows of the Parquet files ``uris`` (none: an empty frame) in ``schema``."""
     if not uris:
         return spark.createDataFrame([], schema)
-    if warehouse.is_local:
+    if spark_native(warehouse):
         return spark.read.schema(schema).parquet(*uris)
     _register(spark)
     return (spark.read.format(object_files.SOURCE_NAME).schema(schema)
@@ -70,7 +77,7 @@ def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
                   stats_columns: Sequence[str]) -> list[WrittenFile]:
     """Write ``df`` under ``dir_uri`` as one snappy Parquet file per partition (rows in
     their order); the files written, sorted by URI."""
-    if warehouse.is_local:
+    if spark_native(warehouse):
         df.write.mode("overwrite").option("compression", "snappy").parquet(dir_uri)
         written = []
         for uri in warehouse.list(dir_uri):
