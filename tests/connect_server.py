@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pyspark
+from helpers import free_port
 
 from sparkfill.session import SESSION_CONF, quiet_conf
 
@@ -26,11 +27,6 @@ CONNECT_ENV = "SPARKFILL_TEST_CONNECT"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class ConnectServer:
     """A Spark Connect server process on a free loopback port; a context manager
@@ -39,7 +35,7 @@ class ConnectServer:
     def __init__(self, workdir: Path, shuffle_partitions: int = 2,
                  start_timeout: float = 180.0) -> None:
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"sc://localhost:{self.port}"
         self.shuffle_partitions = shuffle_partitions
         self.start_timeout = start_timeout

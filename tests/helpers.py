@@ -15,6 +15,7 @@ import collections
 import datetime
 import decimal
 import os
+import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -262,3 +263,10 @@ def subprocess_env(master: str = "local[1]") -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("JAVA_TOOL_OPTIONS", CHILD_JVM_OPTIONS)
     return env
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -11,12 +11,13 @@ import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from helpers import free_port
 
 
 class PgUnavailable(RuntimeError):
@@ -39,11 +40,6 @@ def _pg_bin() -> Path:
                     "`apt-get install -y postgresql` (.ci/run does this)")
     return found[-1]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -13,6 +13,8 @@ import sys
 import time
 import uuid
 
+from helpers import free_port
+
 ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION",
             "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_EC2_METADATA_DISABLED")
 
@@ -24,7 +26,7 @@ class S3Server:
         self._saved: dict[str, str | None] = {}
 
     def __enter__(self) -> S3Server:
-        port = _free_port()
+        port = free_port()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -78,8 +80,3 @@ class S3Server:
             found += [o["Key"] for o in page.get("Contents", [])]
         return found
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,12 @@ from pathlib import Path
 
 import psutil
 import pyspark
+from helpers import free_port
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -56,8 +51,8 @@ class SparkCluster:
         self.worker_memory = worker_memory
         self.start_timeout = start_timeout
         self.spark_home = Path(pyspark.__file__).parent
-        self.port = _free_port()
-        self.webui_port = _free_port()
+        self.port = free_port()
+        self.webui_port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.json_url = f"http://127.0.0.1:{self.webui_port}/json/"
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -99,8 +94,8 @@ class SparkCluster:
                 work.mkdir(exist_ok=True)
                 self.work_dirs.append(work)
                 self._start(f"worker-{i}", [
-                    WORKER_CLASS, "--host", "127.0.0.1", "--port", str(_free_port()),
-                    "--webui-port", str(_free_port()), "--cores", str(self.worker_cores),
+                    WORKER_CLASS, "--host", "127.0.0.1", "--port", str(free_port()),
+                    "--webui-port", str(free_port()), "--cores", str(self.worker_cores),
                     "--memory", self.worker_memory, "--work-dir", str(work), self.url])
             self._wait_alive(self.n_workers)
         except BaseException:

@@ -17,8 +17,7 @@ import sys
 import time
 
 import pytest
-from helpers import check_mv, mv_sql, subprocess_env
-from pg_server import free_port
+from helpers import check_mv, free_port, mv_sql, subprocess_env
 
 # --- the meta store alone (no Spark) -------------------------------------------------------
 
