@@ -180,13 +180,7 @@ class Warehouse:
                 fh.write(text.encode())
             return
         path = Path(self._path(uri))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(_synced_temp(path, text), path)
 
     def create_text(self, uri: str, text: str) -> bool:
         """Write the file unless it exists; whether this call wrote it. Locally of two
@@ -198,11 +192,7 @@ class Warehouse:
             self.write_text(uri, text)
             return True
         path = Path(self._path(uri))
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        tmp = _synced_temp(path, text)
         try:
             os.link(tmp, path)
             return True
@@ -261,3 +251,14 @@ def _option(options: dict[str, str], key: str, default: str) -> str:
         if k.upper() == key:
             return v
     return os.environ.get(key, default)
+
+
+def _synced_temp(path: Path, text: str) -> Path:
+    """``text`` written and fsynced to a new temporary file beside ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
