@@ -9,6 +9,7 @@ from deltalake import write_deltalake
 
 from sparkfill.errors import InvalidOption, SourceError
 from sparkfill.sources.base import BatchContext, TableShape
+from sparkfill.sources.cdc_files import CdcFilesConnector
 from sparkfill.sources.delta_cdf import DeltaCdfConnector
 from sparkfill.sources.manager import SourceManager
 from sparkfill.storage.catalog import Relation
@@ -116,13 +117,54 @@ def test_sources_stage_and_scratch_on_s3(spark, s3_server, s3_warehouse, tmp_pat
         # a relative external path means nothing under an object-store warehouse
         with pytest.raises(InvalidOption, match="relative"):
             sources.define("c", COLUMNS, ("id",), {"connector": "cdc_files", "path": "landing"})
-        with pytest.raises(SourceError, match="local"):
+        # an object-store folder nothing has landed in yet is accepted; a missing bucket not
+        with pytest.raises(SourceError, match="does not exist"):
             sources.define("c", COLUMNS, ("id",),
-                           {"connector": "cdc_files", "path": "{warehouse}/landing"})
+                           {"connector": "cdc_files", "path": "s3://no-such-bucket/landing"})
         # an absolute local folder is still read
         (tmp_path / "landing").mkdir()
         defined = sources.define("c", COLUMNS, ("id",),
                                  {"connector": "cdc_files", "path": str(tmp_path / "landing")})
         assert defined.options["path"] == str(tmp_path / "landing")
+    finally:
+        meta.close()
+
+
+def test_cdc_files_lands_in_a_bucket_and_is_read_by_the_executors(spark, s3_server,
+                                                                   s3_warehouse, tmp_path):
+    """A cdc_files folder on the object store: listed by the driver in arrival order,
+    read by Spark's executors through pyarrow, malformed lines to the dead letters."""
+    wh = Warehouse(s3_warehouse)
+    meta = MetaStore(tmp_path / "meta.sqlite")
+    try:
+        sources = SourceManager(spark, meta, wh)
+        shape = TableShape("c", COLUMNS, ("id",))
+        opts = CdcFilesConnector.validate(shape, {"path": "{warehouse}/landing"}, wh)
+        assert opts["path"] == wh.join("landing")
+        bucket, prefix = _bucket_and_prefix(wh.join("landing"))
+        client = s3_server.client()
+        client.put_object(Bucket=bucket, Key=f"{prefix}/a.json", Body=(
+            b'{"op": "c", "after": {"id": 1, "v": "x"}}\n'
+            b'{"op": "c", "after": {"id": 2, "v": "y"}}\n'))
+        client.put_object(Bucket=bucket, Key=f"{prefix}/_incomplete.json", Body=b"{")
+        client.put_object(Bucket=bucket, Key=f"{prefix}/b+c.json", Body=(
+            b'{"payload": {"op": "u", "before": {"id": 1}, "after": {"id": 1, "v": "z"}}}\n'
+            b'not json\n\n{"op": "d", "before": {"id": 2}}\n'))
+        connector = CdcFilesConnector(spark, shape, opts)
+        batch = connector.read(BatchContext(1, 1, None, frozenset(), f"{sources.scratch}/x", wh))
+        assert batch.files == ["a.json", "b+c.json"]
+        assert batch.rows is not None and batch.dead_letters is not None
+        changes = sorted(((r["id"], r["v"], r["_sf_kind"]) for r in batch.rows.collect()),
+                         key=repr)
+        assert changes == sorted([(1, "x", UPSERT), (1, "z", UPSERT), (2, None, DELETE),
+                                  (2, "y", UPSERT)], key=repr)
+        dead = [(r["file"], r["line"], r["raw"]) for r in batch.dead_letters.collect()]
+        assert dead == [("b+c.json", 2, "not json")]
+        # consumed files are not listed again
+        again = connector.read(BatchContext(2, 2, batch.position, frozenset(batch.files),
+                                            f"{sources.scratch}/y", wh))
+        assert again.rows is None
+        for df in batch.cached:
+            df.unpersist()
     finally:
         meta.close()

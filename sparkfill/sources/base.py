@@ -30,7 +30,7 @@ from ..storage.schema import Column
 from ..storage.warehouse import Warehouse
 
 __all__ = ["Connector", "BatchContext", "SourceBatch", "TableShape", "resolve_path",
-           "opt_int", "opt_float", "opt_str", "check_known"]
+           "storage_options_for", "opt_int", "opt_float", "opt_str", "check_known"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,16 @@ def opt_str(table: str, options: dict[str, Any], name: str, default: str | None,
         raise InvalidOption(f"table {table!r}: option {name} must be one of "
                             f"{', '.join(map(repr, choices))}, got {value!r}")
     return text.lower() if choices is not None else text
+
+
+def storage_options_for(path: str, warehouse: Warehouse | None) -> dict[str, str] | None:
+    """The storage options to open ``path`` with: the warehouse's for a path under an
+    object-store warehouse, else none (the libraries read the environment)."""
+    if warehouse is None or warehouse.is_local or not warehouse.storage_options:
+        return None
+    if path.rstrip("/").startswith(warehouse.uri.rstrip("/") + "/"):
+        return dict(warehouse.storage_options)
+    return None
 
 
 def resolve_path(value: str, warehouse: Warehouse | Path | str | None, owner: str = "") -> str:

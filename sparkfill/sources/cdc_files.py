@@ -18,9 +18,13 @@ that is not a JSON object, has an unknown op, lacks its image or a key column,
 or holds a value that does not cast to its column's type (or a NULL in a NOT
 NULL column) goes to the dead-letter table with the reason.
 
-The directory is a local (or mounted) folder, read by the driver and by Spark's
-own text reader: an object-store URI is refused, as is a relative path when the
-warehouse is not a local folder (``{warehouse}`` then names no folder).
+The directory is a local (or mounted) folder or a folder of an object store
+(``s3://``, ``gs://``, ``abfss://``, ..., opened with the warehouse's storage
+options when it lies under the warehouse, else with the environment's). The
+driver only lists it; the files are read by Spark's executors (Spark's own text
+source for local files, pyarrow's filesystems for an object store). A relative
+path is refused when the warehouse is not a local folder. On an object store a
+file is visible once whole, so no rename is needed there.
 
 Files whose name starts with ``.`` or ``_`` are ignored (write a file under such
 a name and rename it when complete). Timestamps are ISO-8601 strings or epoch
@@ -29,19 +33,19 @@ milliseconds, dates ISO strings or days since 1970-01-01.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, ClassVar
 
+import pyarrow.fs as pafs
 from pyspark import StorageLevel
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..errors import SourceError
+from ..errors import SourceError, SparkfillError
 from ..storage.dml import DELETE, IDX, KIND, UPSERT
 from ..storage.schema import Column, spark_type
+from ..storage.spark_files import read_texts
 from ..storage.warehouse import Warehouse
 from .base import (
     BatchContext,
@@ -52,6 +56,7 @@ from .base import (
     opt_int,
     opt_str,
     resolve_path,
+    storage_options_for,
 )
 
 __all__ = ["CdcFilesConnector", "DEAD_LETTER_COLUMNS", "DEAD_LETTER_KEY", "landed_files"]
@@ -68,17 +73,26 @@ _ENVELOPE = T.StructType([T.StructField("op", T.StringType()),
 _RECORD = T.StructType([*_ENVELOPE.fields, T.StructField("payload", _ENVELOPE)])
 
 
-def landed_files(directory: str, consumed: frozenset[str] | set[str]) -> list[str]:
-    """Names of the files in ``directory`` not consumed yet, in arrival order."""
+def _folder(path: str, warehouse: Warehouse | None) -> Warehouse:
+    """The directory as a location whose files the driver can list."""
+    return Warehouse(path, storage_options_for(path, warehouse))
+
+
+def landed_files(folder: Warehouse, consumed: frozenset[str] | set[str]) -> list[str]:
+    """Names of the files in ``folder`` not consumed yet, in arrival order."""
+    # an object store has no empty folders: a folder nothing landed in yet is no error
+    selector = pafs.FileSelector(folder.fs_path(folder.uri), allow_not_found=not folder.is_local)
     try:
-        entries = list(os.scandir(directory))
-    except OSError as exc:
-        raise SourceError(f"cannot list cdc_files directory {directory!r}: {exc}") from exc
+        infos = folder.fs.get_file_info(selector)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"cannot list cdc_files directory {folder.uri!r}: "
+                          f"{' '.join(str(exc).split())}") from exc
     found = []
-    for e in entries:
-        if e.name.startswith((".", "_")) or e.name in consumed or not e.is_file():
+    for info in infos:
+        name = info.base_name
+        if name.startswith((".", "_")) or name in consumed or info.type != pafs.FileType.File:
             continue
-        found.append((e.stat().st_mtime_ns, e.name))
+        found.append((info.mtime_ns or 0, name))
     return [name for _, name in sorted(found)]
 
 
@@ -111,24 +125,34 @@ class CdcFilesConnector(Connector):
         if not raw_path:
             raise SourceError(f"table {name!r}: connector 'cdc_files' needs path = 'DIR'")
         path = resolve_path(raw_path, warehouse, f"table {name!r}")
-        if "://" in path:
-            raise SourceError(f"table {name!r}: cdc_files path {path!r} is a URI; cdc_files "
-                              "reads a local (or mounted) directory")
-        if not Path(path).is_dir():
-            raise SourceError(f"table {name!r}: cdc_files path {path!r} is not a directory")
-        return {"path": path,
+        try:
+            folder = _folder(path, warehouse)
+        except SparkfillError as exc:
+            raise SourceError(f"table {name!r}: cdc_files path {path!r}: {exc}") from None
+        if folder.is_local:
+            if folder.fs.get_file_info(folder.uri).type != pafs.FileType.Directory:
+                raise SourceError(f"table {name!r}: cdc_files path {path!r} is not a directory")
+        else:
+            # an object store has no empty folders: its bucket must be there and readable
+            try:
+                folder.check_reachable()
+                landed_files(folder, frozenset())
+            except SparkfillError as exc:
+                raise SourceError(f"table {name!r}: cdc_files path {path!r}: {exc}") from None
+            if folder.is_file(folder.uri):
+                raise SourceError(f"table {name!r}: cdc_files path {path!r} is a file, "
+                                  "not a folder")
+        return {"path": folder.uri,
                 "format": opt_str(name, options, "format", "debezium_json", ("debezium_json",)),
                 "max_files_per_epoch": opt_int(name, options, "max_files_per_epoch", None, 1)}
 
-    def _parsed(self, files: list[str]) -> DataFrame:
+    def _parsed(self, folder: Warehouse, files: list[str]) -> DataFrame:
         """One row per non-blank line: file, index, line, raw, and either the reason
         it is malformed or its op and images."""
-        directory = self.opts["path"]
         index = F.create_map(*[x for i, f in enumerate(files) for x in (F.lit(f), F.lit(i))])
-        texts = self.spark.read.text([os.path.join(directory, f) for f in files],
-                                     wholetext=True)
-        name = F.url_decode(F.regexp_replace(F.col("_metadata.file_name"), r"\+", "%2B"))
-        lines = texts.select(name.alias("file"), F.posexplode(F.split("value", "\n"))
+        texts = read_texts(self.spark, [folder.join(f) for f in files],
+                           None if folder.is_local else folder.storage_options)
+        lines = texts.select("file", F.posexplode(F.split("value", "\n"))
                              .alias("pos", "raw"))
         lines = lines.select("file", F.element_at(index, F.col("file")).cast("long")
                              .alias("fidx"), (F.col("pos") + 1).cast("long").alias("line"),
@@ -209,13 +233,14 @@ class CdcFilesConnector(Connector):
         return upserts.unionByName(deletes).unionByName(rekeyed)
 
     def read(self, ctx: BatchContext) -> SourceBatch:
-        files = landed_files(self.opts["path"], ctx.consumed)
+        folder = _folder(self.opts["path"], ctx.warehouse)
+        files = landed_files(folder, ctx.consumed)
         limit = self.opts.get("max_files_per_epoch")
         if limit:
             files = files[:int(limit)]
         if not files:
             return SourceBatch(rows=None, position=ctx.position)
-        parsed = self._parsed(files).withColumn("_sf_reason", self._reason())
+        parsed = self._parsed(folder, files).withColumn("_sf_reason", self._reason())
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
         good = parsed.where(F.col("_sf_reason").isNull())
         bad = parsed.where(F.col("_sf_reason").isNotNull()).select(

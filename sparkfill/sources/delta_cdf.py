@@ -52,6 +52,7 @@ from .base import (
     opt_int,
     opt_str,
     resolve_path,
+    storage_options_for,
 )
 
 __all__ = ["DeltaCdfConnector"]
@@ -60,19 +61,9 @@ __all__ = ["DeltaCdfConnector"]
 _RANK = {"delete": 0, "update_preimage": 1, "insert": 2, "update_postimage": 3}
 
 
-def _storage(path: str, warehouse: Warehouse | None) -> dict[str, str] | None:
-    """The storage options to open ``path`` with: the warehouse's for a table under an
-    object-store warehouse, else none (delta-rs reads the environment)."""
-    if warehouse is None or warehouse.is_local or not warehouse.storage_options:
-        return None
-    if path.rstrip("/").startswith(warehouse.uri.rstrip("/") + "/"):
-        return dict(warehouse.storage_options)
-    return None
-
-
 def _open(table: str, path: str, version: int | None = None,
           warehouse: Warehouse | None = None) -> DeltaTable:
-    storage = _storage(path, warehouse)
+    storage = storage_options_for(path, warehouse)
     try:
         return DeltaTable(path, version=version, storage_options=storage)
     except Exception as exc:  # noqa: BLE001 - delta-rs raises several types

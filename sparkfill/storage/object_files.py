@@ -7,6 +7,8 @@ open the files through pyarrow's filesystems —
 
 - ``ArrowParquetSource`` (Spark's Python data source API) reads a list of files,
   one input partition per file, as Arrow record batches;
+- ``ArrowTextSource`` reads whole text files, one row (name, text) per file (a
+  file source's landed files on an object store);
 - ``parquet_writer`` is a ``mapInArrow`` function: each partition becomes one
   Parquet file, and the function returns its path, size and Delta statistics
   (so the driver never lists, stats or reads what was written).
@@ -24,11 +26,15 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["SOURCE_NAME", "WRITTEN_SCHEMA", "filesystem_for", "parquet_writer",
-           "arrow_file_stats", "ArrowParquetSource", "ship_by_value"]
+__all__ = ["SOURCE_NAME", "TEXT_SOURCE_NAME", "TEXT_SCHEMA", "WRITTEN_SCHEMA",
+           "filesystem_for", "parquet_writer", "arrow_file_stats", "ArrowParquetSource",
+           "ArrowTextSource", "ship_by_value"]
 
-#: the name the data source is registered under
+#: the names the data sources are registered under
 SOURCE_NAME = "sparkfill_parquet"
+TEXT_SOURCE_NAME = "sparkfill_text"
+#: what ``ArrowTextSource`` returns per file: its name (the last part of its URI) and text
+TEXT_SCHEMA = "file string, value string"
 #: what ``parquet_writer`` returns per file written
 WRITTEN_SCHEMA = "path string, size long, rows long, stats string"
 
@@ -157,6 +163,41 @@ class _FilesReader(DataSourceReader):  # type: ignore[misc]
                         [batch.column(i).cast(f.type) for i, f in enumerate(target)],
                         schema=target)
                 yield batch
+
+
+class _TextReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.uris: list[str] = json.loads(options["uris"])
+        self.storage = {k[len("storage."):]: v for k, v in options.items()
+                        if k.lower().startswith("storage.")}
+
+    def partitions(self) -> list[Any]:
+        return [InputPartition(uri) for uri in self.uris]
+
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        fs, path = filesystem_for(partition.value, self.storage)
+        with fs.open_input_stream(path) as fh:
+            # as Spark's text source decodes: UTF-8, malformed bytes replaced
+            text = bytes(fh.read()).decode("utf-8", errors="replace")
+        yield pa.RecordBatch.from_pylist(
+            [{"file": partition.value.rstrip("/").rsplit("/", 1)[-1], "value": text}],
+            schema=pa.schema([("file", pa.string()), ("value", pa.string())]))
+
+
+class ArrowTextSource(DataSource):  # type: ignore[misc]
+    """``spark.read.format(TEXT_SOURCE_NAME).option("uris", json list)
+    .option("storage.<key>", value)....load()``: one row per file, its name and its
+    whole text (``TEXT_SCHEMA``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return TEXT_SOURCE_NAME
+
+    def schema(self) -> str:
+        return TEXT_SCHEMA
+
+    def reader(self, schema: Any) -> Any:
+        return _TextReader(self.options)
 
 
 class ArrowParquetSource(DataSource):  # type: ignore[misc]

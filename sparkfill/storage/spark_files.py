@@ -25,7 +25,8 @@ from pyspark.sql import types as T
 from . import object_files
 from .warehouse import Warehouse
 
-__all__ = ["WrittenFile", "read_parquet", "write_parquet", "parquet_stats", "spark_native"]
+__all__ = ["WrittenFile", "read_parquet", "read_texts", "write_parquet", "parquet_stats",
+           "spark_native"]
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,12 @@ def spark_native(warehouse: Warehouse) -> bool:
 
 
 def _register(spark: SparkSession) -> None:
-    """Register the Arrow Parquet source with ``spark`` (once per session)."""
+    """Register the Arrow data sources with ``spark`` (once per session)."""
     if _registered.get(id(spark)) is spark:
         return
     object_files.ship_by_value()
     spark.dataSource.register(object_files.ArrowParquetSource)
+    spark.dataSource.register(object_files.ArrowTextSource)
     _registered[id(spark)] = spark
 
 
@@ -70,6 +72,25 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
             .option("uris", json.dumps(list(uris)))
             .options(**{f"storage.{k.lower()}": v
                         for k, v in warehouse.storage_options.items()})
+            .load())
+
+
+def read_texts(spark: SparkSession, uris: Sequence[str],
+               storage_options: dict[str, str] | None = None) -> DataFrame:
+    """One row per file of ``uris`` (at least one): ``file`` (its name) and ``value``
+    (its whole text). Local files (paths or ``file://``) go through Spark's own text
+    source; object-store URIs through ``object_files`` with ``storage_options``."""
+    if all("://" not in u or u.startswith("file://") for u in uris):
+        from pyspark.sql import functions as F
+
+        # Spark's file name is URL-encoded; '+' is a literal plus, not a space
+        name = F.url_decode(F.regexp_replace(F.col("_metadata.file_name"), r"\+", "%2B"))
+        return (spark.read.text(list(uris), wholetext=True)
+                .select(name.alias("file"), "value"))
+    _register(spark)
+    return (spark.read.format(object_files.TEXT_SOURCE_NAME)
+            .option("uris", json.dumps(list(uris)))
+            .options(**{f"storage.{k.lower()}": v for k, v in (storage_options or {}).items()})
             .load())
 
 

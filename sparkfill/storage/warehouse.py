@@ -89,7 +89,7 @@ class Warehouse:
         reached; a local folder always can (it is created on first use)."""
         if self.is_local:
             return
-        bucket = self._path(self.uri).split("/", 1)[0]
+        bucket = self.fs_path(self.uri).split("/", 1)[0]
         try:
             info = self.fs.get_file_info(bucket)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError and others
@@ -112,7 +112,7 @@ class Warehouse:
         """The URI of ``parts`` under the warehouse."""
         return "/".join([self.uri.rstrip("/"), *[p.strip("/") for p in parts if p]])
 
-    def _path(self, uri: str) -> str:
+    def fs_path(self, uri: str) -> str:
         """``uri`` as a path of ``self.fs``."""
         uri = str(uri)
         if self.is_local:
@@ -126,17 +126,17 @@ class Warehouse:
     # --- files ----------------------------------------------------------------------------
 
     def exists(self, uri: str) -> bool:
-        return bool(self.fs.get_file_info(self._path(uri)).type != pafs.FileType.NotFound)
+        return bool(self.fs.get_file_info(self.fs_path(uri)).type != pafs.FileType.NotFound)
 
     def is_file(self, uri: str) -> bool:
-        return bool(self.fs.get_file_info(self._path(uri)).type == pafs.FileType.File)
+        return bool(self.fs.get_file_info(self.fs_path(uri)).type == pafs.FileType.File)
 
     def makedirs(self, uri: str) -> None:
-        self.fs.create_dir(self._path(uri), recursive=True)
+        self.fs.create_dir(self.fs_path(uri), recursive=True)
 
     def rmtree(self, uri: str) -> None:
         """Remove a directory and everything below it, or a file; nothing if absent."""
-        path = self._path(uri)
+        path = self.fs_path(uri)
         info = self.fs.get_file_info(path)
         try:
             if info.type == pafs.FileType.Directory:
@@ -150,7 +150,7 @@ class Warehouse:
 
     def list(self, uri: str) -> list[str]:
         """The URIs of the entries right under ``uri`` (none when it does not exist)."""
-        path = self._path(uri)
+        path = self.fs_path(uri)
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         except (FileNotFoundError, NotADirectoryError):
@@ -158,12 +158,12 @@ class Warehouse:
         return sorted(f"{uri.rstrip('/')}/{info.base_name}" for info in infos)
 
     def size(self, uri: str) -> int:
-        return int(self.fs.get_file_info(self._path(uri)).size or 0)
+        return int(self.fs.get_file_info(self.fs_path(uri)).size or 0)
 
     def read_text(self, uri: str) -> str | None:
         """The file's text; None when it does not exist."""
         try:
-            with self.fs.open_input_stream(self._path(uri)) as fh:
+            with self.fs.open_input_stream(self.fs_path(uri)) as fh:
                 return bytes(fh.read()).decode()
         except FileNotFoundError:
             return None
@@ -176,10 +176,10 @@ class Warehouse:
         """Replace the file's text atomically (a local file through a renamed temporary
         file, fsynced; an object-store PUT is atomic)."""
         if self.local_path is None:
-            with self.fs.open_output_stream(self._path(uri)) as fh:
+            with self.fs.open_output_stream(self.fs_path(uri)) as fh:
                 fh.write(text.encode())
             return
-        path = Path(self._path(uri))
+        path = Path(self.fs_path(uri))
         os.replace(_synced_temp(path, text), path)
 
     def create_text(self, uri: str, text: str) -> bool:
@@ -191,7 +191,7 @@ class Warehouse:
                 return False
             self.write_text(uri, text)
             return True
-        path = Path(self._path(uri))
+        path = Path(self.fs_path(uri))
         tmp = _synced_temp(path, text)
         try:
             os.link(tmp, path)
@@ -206,18 +206,18 @@ class Warehouse:
         copy (server side on an object store)."""
         if self.local_path is not None:
             try:
-                os.link(self._path(src), self._path(dst))
+                os.link(self.fs_path(src), self.fs_path(dst))
                 return
             except OSError:
-                shutil.copyfile(self._path(src), self._path(dst))
+                shutil.copyfile(self.fs_path(src), self.fs_path(dst))
                 return
-        self.fs.copy_file(self._path(src), self._path(dst))
+        self.fs.copy_file(self.fs_path(src), self.fs_path(dst))
 
     # --- Parquet on the driver --------------------------------------------------------------
 
     def write_parquet(self, table: pa.Table, uri: str, fsync: bool = False) -> int:
         """Write ``table`` as one snappy Parquet file; its size in bytes."""
-        path = self._path(uri)
+        path = self.fs_path(uri)
         if self.local_path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(table, path, compression="snappy")
@@ -229,11 +229,11 @@ class Warehouse:
         return self.size(uri)
 
     def parquet_metadata(self, uri: str) -> pq.FileMetaData:
-        with self.fs.open_input_file(self._path(uri)) as fh:
+        with self.fs.open_input_file(self.fs_path(uri)) as fh:
             return pq.ParquetFile(fh).metadata
 
     def parquet_schema(self, uri: str) -> pa.Schema:
-        with self.fs.open_input_file(self._path(uri)) as fh:
+        with self.fs.open_input_file(self.fs_path(uri)) as fh:
             return pq.read_schema(fh)
 
     # --- Delta tables ---------------------------------------------------------------------
