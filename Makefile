@@ -1,7 +1,7 @@
 # sparkfill developer entry points.
 #   make demo   - set up .venv, ensure Java 17/21, run the demo
 #   make test   - set up .venv, ensure Java 17/21 and PostgreSQL's server binaries, run pytest
-#                 (PYTEST_ARGS="-k foo" to filter),
+#                 on two workers (PYTEST_ARGS="-k foo" to filter, WORKERS=0 for one process),
 #                 then the tests marked `connect` again against a Spark Connect server
 #   make lint   - ruff + mypy
 #   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
@@ -10,6 +10,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?= --durations=25
+# pytest-xdist workers of the main run (each its own Spark session; the suite's
+# Spark jobs are small, so two workers on two cores take about 0.7x one's time)
+WORKERS ?= 2
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -29,7 +32,7 @@ demo: venv
 
 test: venv
 	@bash scripts/ensure_postgres.sh
-	@$(WITH_JAVA) $(VPY) -m pytest -q $(PYTEST_ARGS)
+	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal $(PYTEST_ARGS)
 	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -m connect $(PYTEST_ARGS) \
 		|| test $$? -eq 5  # 5: a -k filter left no test of the subset
 

@@ -24,6 +24,18 @@ def pytest_configure(config):
         "markers", "connect: also run against a Spark Connect server (SPARKFILL_TEST_CONNECT=1)")
 
 
+#: tests that take a minute or more (a cluster, an S3 server, SIGKILLed drivers, many
+#: epochs): run first, so that on ``make test``'s two workers the last tests to
+#: finish are short ones
+LONG_TESTS = ("test_cluster_faults.py", "test_object_store.py", "test_nexmark.py",
+              "test_source_crash.py", "test_crash.py", "sigkill", "decorrelated",
+              "random_shapes", "test_arrangement_is_default")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not any(name in item.nodeid for name in LONG_TESTS))
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from connect_server import CONNECT_ENV, ConnectServer
