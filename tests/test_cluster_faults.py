@@ -52,7 +52,9 @@ def test_executor_sigkill_mid_epoch_loses_nothing(tmp_path):
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             env = subprocess_env(cluster.url)
             # a classic session of the cluster, even when the suite runs on Spark Connect
-            env.pop("SPARK_REMOTE", None)
+            # (pyspark takes either variable for a Connect session)
+            for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
+                env.pop(name, None)
             proc = subprocess.Popen(args, stdout=out, stderr=err, env=env,
                                     start_new_session=True)
             try:
