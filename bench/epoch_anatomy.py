@@ -1,0 +1,149 @@
+"""Where a steady epoch's time goes (a script, not a test).
+
+Loads the steady benchmark's tables and MVs (``steady_bench``: ``t`` of N rows, ``d``,
+``agg``, ``join``, ``proj``), then runs epochs of C random-key changes and splits each
+``step()`` into:
+
+- the Spark jobs' own time: the sum of their durations from submission to completion
+  (Spark's status REST API), and their stages (tasks, run time, input rows);
+- the driver's Py4J round trips while the epoch builds its plans (a counter wrapped
+  around pyspark's Py4J connection: calls and seconds, by the sparkfill line that
+  made them), counted over as many further epochs (the counter slows the driver, so
+  those epochs are not timed);
+- the rest: Catalyst planning before each job, Delta commits, the meta store, the
+  driver's own Parquet writes.
+
+Classic sessions only (it reads the Spark UI and Py4J). Usage:
+    python bench/epoch_anatomy.py [--rows 1000000] [--changes 1000] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import py4j.clientserver as py4j_cs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import steady_bench as sb  # noqa: E402
+
+from sparkfill import Engine  # noqa: E402
+from sparkfill.session import build_spark_session  # noqa: E402
+
+
+class Py4jCalls:
+    """Counts Py4J round trips (and their seconds) by the sparkfill line that made them."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.active = False
+        original = py4j_cs.ClientServerConnection.send_command
+        counter = self
+
+        def send_command(conn: Any, command: str) -> Any:
+            if not counter.active:
+                return original(conn, command)
+            t0 = time.perf_counter()
+            try:
+                return original(conn, command)
+            finally:
+                where = "(outside sparkfill: e.g. freeing JVM objects)"
+                for frame in reversed(traceback.extract_stack(limit=40)):
+                    if "/sparkfill/" in frame.filename:
+                        where = f"{frame.filename.split('/sparkfill/')[-1]}:{frame.lineno}"
+                        break
+                counter.calls[where] += 1
+                counter.seconds[where] += time.perf_counter() - t0
+
+        py4j_cs.ClientServerConnection.send_command = send_command  # type: ignore[method-assign]
+
+
+def _ts(text: str) -> datetime:
+    return datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changes", type=int, default=1_000)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
+                                extra_conf={"spark.ui.enabled": "true"})
+    ui = spark.sparkContext.uiWebUrl
+    app = json.load(urllib.request.urlopen(f"{ui}/api/v1/applications"))[0]["id"]
+
+    def api(path: str) -> Any:
+        return json.load(urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}"))
+
+    work = Path(tempfile.mkdtemp(prefix="anatomy-"))
+    eng = Engine(work / "warehouse", spark=spark)
+    calls = Py4jCalls()
+    keys = sb.Keys(args.rows, random.Random(7))
+    try:
+        sb.load(eng, spark, args.rows, list(sb.MVS), with_d=True)
+        walls, job_secs = [], []
+        timed = range(2, 2 + args.epochs)  # after two warm-ups; then the counted ones
+        for i in range(2 + 2 * args.epochs):
+            upserts, deletes = keys.changes(args.changes)
+            eng.insert("t", upserts)
+            eng.delete("t", deletes)
+            before = max((j["jobId"] for j in api("jobs")), default=-1)
+            calls.active = i >= timed.stop
+            t0 = time.perf_counter()
+            report = eng.step()
+            wall = time.perf_counter() - t0
+            calls.active = False
+            if i not in timed:
+                continue
+            time.sleep(1.0)  # the status store catches up
+            jobs = sorted((j for j in api("jobs") if j["jobId"] > before),
+                          key=lambda j: j["jobId"])
+            spent = sum((_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+                        for j in jobs)
+            walls.append(wall)
+            job_secs.append(spent)
+            print(f"epoch {report.epoch}: step {wall:.2f} s, {len(jobs)} Spark jobs "
+                  f"{spent:.2f} s, rows read {report.rows_read}")
+            for j in jobs:
+                dur = (_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+                print(f"  job {j['jobId']} {dur:.2f} s, {len(j['stageIds'])} stages: "
+                      f"{j['name'][:70]}")
+                for sid in sorted(j["stageIds"]):
+                    s = api(f"stages/{sid}")[0]
+                    if s["status"] == "COMPLETE":
+                        print(f"    stage {sid}: {s['numTasks']} tasks, run "
+                              f"{s.get('executorRunTime', 0)} ms, input "
+                              f"{s.get('inputRecords', 0):,} rows, shuffle read "
+                              f"{s.get('shuffleReadRecords', 0):,} rows")
+        n = args.epochs
+        total_calls = sum(calls.calls.values())
+        print(f"\nmedian step {statistics.median(walls):.2f} s; Spark jobs "
+              f"{statistics.median(job_secs):.2f} s; outside jobs "
+              f"{statistics.median(w - j for w, j in zip(walls, job_secs, strict=True)):.2f} s")
+        print(f"Py4J round trips per epoch: {total_calls / n:,.0f} "
+              f"({sum(calls.seconds.values()) / n:.2f} s with the counter's own cost, "
+              "blocking job calls included)")
+        for where, k in calls.calls.most_common(20):
+            print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
+    finally:
+        eng.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
