@@ -21,7 +21,8 @@ lists, reads the MV.
 
 Location: a sink's table is a local folder or an object-store URI (``s3://...``;
 a relative path beside an object-store warehouse lands under its URI), opened by
-delta-rs with the warehouse's storage options and reached for files through a
+delta-rs with the warehouse's storage options when it is on the same kind of object
+store (``Warehouse.options_for``; else the environment's) and reached for files through a
 ``Warehouse`` handle rooted at it. Locally Spark writes the bucket folders
 itself; on an object store the executors write them through pyarrow and return
 each file's URI, size and rows, so the driver never lists what was written.
@@ -103,11 +104,11 @@ class SinkManager:
         self._handles: dict[str, Warehouse] = {}
 
     def _fs(self, path: str) -> Warehouse:
-        """The handle of the sink table at ``path`` (an object store's with the engine
-        warehouse's storage options)."""
+        """The handle of the sink table at ``path`` (on an object store, with the storage
+        options ``Warehouse.options_for`` gives it)."""
         fs = self._handles.get(path)
         if fs is None:
-            fs = self._handles[path] = _handle(path, self.warehouse.storage_options)
+            fs = self._handles[path] = _handle(path, self.warehouse.options_for(path))
         return fs
 
     def _location(self, value: str) -> str:
@@ -164,7 +165,7 @@ class SinkManager:
             raise InvalidOption(f"sink {cmd.name!r}: needs path = 'DIR' (the Delta table)")
         path = self._location(str(opts["path"]))
         try:
-            fs = _handle(path, self.warehouse.storage_options)
+            fs = _handle(path, self.warehouse.options_for(path))
         except SparkfillError as exc:
             raise SinkError(f"sink {cmd.name!r}: path {path!r}: {exc}") from None
         path = fs.uri

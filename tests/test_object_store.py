@@ -132,3 +132,22 @@ def test_an_object_store_warehouse_needs_its_meta_store_and_a_bucket(spark, s3_s
         Engine(f"s3://no-such-bucket-{bucket}/wh", spark=spark, meta=pg_url)
     assert s3_server.keys(bucket) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_other_locations_take_the_warehouses_options_only_on_the_same_kind_of_store(tmp_path):
+    """A sink's table or a source's folder on the warehouse's kind of object store is
+    opened with the warehouse's storage options; any other with the environment's."""
+    from sparkfill.storage.warehouse import Warehouse
+
+    options = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_REGION": "us-east-1",
+               "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    wh = Warehouse("s3://bucket/wh", options)
+    for same in ("s3://bucket/wh/sinks/m", "s3://other/landing", "s3a://other/x"):
+        got = wh.options_for(same)
+        assert got is not None and got["AWS_ENDPOINT_URL"] == "http://127.0.0.1:1", same
+        got["AWS_REGION"] = "changed"  # a copy: the warehouse's own stay as they were
+        assert wh.storage_options["AWS_REGION"] == "us-east-1"
+    for other in ("gs://bucket/x", str(tmp_path / "local"), f"file://{tmp_path}"):
+        assert wh.options_for(other) is None, other
+    local = Warehouse(tmp_path / "wh")
+    assert local.options_for("s3://bucket/x") is None

@@ -169,13 +169,9 @@ def opt_str(table: str, options: dict[str, Any], name: str, default: str | None,
 
 
 def storage_options_for(path: str, warehouse: Warehouse | None) -> dict[str, str] | None:
-    """The storage options to open ``path`` with: the warehouse's for a path under an
-    object-store warehouse, else none (the libraries read the environment)."""
-    if warehouse is None or warehouse.is_local or not warehouse.storage_options:
-        return None
-    if path.rstrip("/").startswith(warehouse.uri.rstrip("/") + "/"):
-        return dict(warehouse.storage_options)
-    return None
+    """The storage options to open ``path`` with: the warehouse's for a path on the same
+    kind of object store (``Warehouse.options_for``), else none (the environment's)."""
+    return None if warehouse is None else warehouse.options_for(path)
 
 
 def resolve_path(value: str, warehouse: Warehouse | Path | str | None, owner: str = "") -> str:

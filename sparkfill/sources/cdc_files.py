@@ -20,7 +20,7 @@ NULL column) goes to the dead-letter table with the reason.
 
 The directory is a local (or mounted) folder or a folder of an object store
 (``s3://``, ``gs://``, ``abfss://``, ..., opened with the warehouse's storage
-options when it lies under the warehouse, else with the environment's). The
+options when it is on the same kind of store, else with the environment's). The
 driver only lists it; the files are read by Spark's executors (Spark's own text
 source for local files, pyarrow's filesystems for an object store). A relative
 path is refused when the warehouse is not a local folder. On an object store a

@@ -19,9 +19,9 @@ Arrow batches written to one Parquet file in the batch's scratch directory under
 the warehouse (memory stays bounded by a batch), which Spark then reads
 (``spark_files``: a local warehouse or an object store alike).
 
-The external table is a local path or a URI (delta-rs opens either; a table under
-an object-store warehouse, e.g. ``{warehouse}/...``, with the warehouse's storage
-options, any other with the environment's).
+The external table is a local path or a URI (delta-rs opens either; a table on the
+same kind of object store as the warehouse, e.g. ``{warehouse}/...``, with the
+warehouse's storage options, any other with the environment's).
 """
 
 from __future__ import annotations

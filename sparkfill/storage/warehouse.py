@@ -99,6 +99,19 @@ class Warehouse:
             raise SparkfillError(f"warehouse {self.uri}: bucket {bucket!r} does not exist "
                                  "(sparkfill does not create buckets)")
 
+    def options_for(self, uri: str) -> dict[str, str] | None:
+        """The storage options to open another location ``uri`` with (a sink's table,
+        a source's folder): this warehouse's when ``uri`` is on the same kind of
+        object store (its endpoint and credentials are the likely ones), else None:
+        the environment's (a ``Warehouse`` of ``uri`` completes them from it)."""
+        if self.is_local or "://" not in uri:
+            return None
+        scheme = uri.split("://", 1)[0].lower()
+        family = {"s3a": "s3", "gcs": "gs", "abfs": "abfss", "az": "azure"}
+        if family.get(scheme, scheme) != family.get(self.scheme, self.scheme):
+            return None
+        return dict(self.storage_options)
+
     @property
     def is_local(self) -> bool:
         return self.local_path is not None
