@@ -27,7 +27,6 @@ CONNECT_ENV = "SPARKFILL_TEST_CONNECT"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-
 class ConnectServer:
     """A Spark Connect server process on a free loopback port; a context manager
     that stops it (and its JVM) on exit."""

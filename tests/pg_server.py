@@ -41,7 +41,6 @@ def _pg_bin() -> Path:
     return found[-1]
 
 
-
 @contextmanager
 def pg_server() -> Iterator[str]:
     """The URL of a throwaway PostgreSQL server on loopback, stopped on exit."""

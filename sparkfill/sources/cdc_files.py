@@ -150,8 +150,7 @@ class CdcFilesConnector(Connector):
         """One row per non-blank line: file, index, line, raw, and either the reason
         it is malformed or its op and images."""
         index = F.create_map(*[x for i, f in enumerate(files) for x in (F.lit(f), F.lit(i))])
-        texts = read_texts(self.spark, [folder.join(f) for f in files],
-                           None if folder.is_local else folder.storage_options)
+        texts = read_texts(self.spark, folder, [folder.join(f) for f in files])
         lines = texts.select("file", F.posexplode(F.split("value", "\n"))
                              .alias("pos", "raw"))
         lines = lines.select("file", F.element_at(index, F.col("file")).cast("long")

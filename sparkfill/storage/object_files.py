@@ -137,12 +137,17 @@ except ImportError:  # pragma: no cover - sparkfill needs pyspark 4
     InputPartition = object  # type: ignore[assignment,misc]
 
 
+def _storage_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The storage options a reader was given, one ``storage.<key>`` option per setting
+    (so Spark's redaction hides the secret ones in plans)."""
+    return {k[len("storage."):]: v for k, v in options.items()
+            if k.lower().startswith("storage.")}
+
+
 class _FilesReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, schema: Any, options: Mapping[str, str]) -> None:
         self.uris: list[str] = json.loads(options["uris"])
-        # one option per setting, so Spark's redaction hides the secret ones in plans
-        self.storage = {k[len("storage."):]: v for k, v in options.items()
-                        if k.lower().startswith("storage.")}
+        self.storage = _storage_options(options)
         self.columns: list[str] = [f.name for f in schema.fields]
         self.schema = schema
 
@@ -168,8 +173,7 @@ class _FilesReader(DataSourceReader):  # type: ignore[misc]
 class _TextReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: Mapping[str, str]) -> None:
         self.uris: list[str] = json.loads(options["uris"])
-        self.storage = {k[len("storage."):]: v for k, v in options.items()
-                        if k.lower().startswith("storage.")}
+        self.storage = _storage_options(options)
 
     def partitions(self) -> list[Any]:
         return [InputPartition(uri) for uri in self.uris]

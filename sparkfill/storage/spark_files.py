@@ -70,17 +70,20 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
     _register(spark)
     return (spark.read.format(object_files.SOURCE_NAME).schema(schema)
             .option("uris", json.dumps(list(uris)))
-            .options(**{f"storage.{k.lower()}": v
-                        for k, v in warehouse.storage_options.items()})
+            .options(**_storage_read_options(warehouse))
             .load())
 
 
-def read_texts(spark: SparkSession, uris: Sequence[str],
-               storage_options: dict[str, str] | None = None) -> DataFrame:
-    """One row per file of ``uris`` (at least one): ``file`` (its name) and ``value``
-    (its whole text). Local files (paths or ``file://``) go through Spark's own text
-    source; object-store URIs through ``object_files`` with ``storage_options``."""
-    if all("://" not in u or u.startswith("file://") for u in uris):
+def _storage_read_options(location: Warehouse) -> dict[str, str]:
+    """``location``'s storage options as the options of a read through ``object_files``."""
+    return {f"storage.{k.lower()}": v for k, v in location.storage_options.items()}
+
+
+def read_texts(spark: SparkSession, location: Warehouse, uris: Sequence[str]) -> DataFrame:
+    """One row per file of ``uris`` (at least one, all under ``location``): ``file``
+    (its name) and ``value`` (its whole text), through Spark's own text source where
+    ``spark_native``, else through ``object_files`` with ``location``'s options."""
+    if spark_native(location):
         from pyspark.sql import functions as F
 
         # Spark's file name is URL-encoded; '+' is a literal plus, not a space
@@ -90,7 +93,7 @@ def read_texts(spark: SparkSession, uris: Sequence[str],
     _register(spark)
     return (spark.read.format(object_files.TEXT_SOURCE_NAME)
             .option("uris", json.dumps(list(uris)))
-            .options(**{f"storage.{k.lower()}": v for k, v in (storage_options or {}).items()})
+            .options(**_storage_read_options(location))
             .load())
 
 
