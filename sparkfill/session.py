@@ -50,6 +50,12 @@ SESSION_CONF: dict[str, str] = {
     # epoch; Spark's cache of compiled classes holds 100 by default, so each epoch
     # evicted the last one's and compiled them all again (~0.5 s of an epoch)
     "spark.sql.codegen.cache.maxEntries": "1000",
+    # the keys and vnodes an epoch looks up change every epoch: as a hash set the
+    # generated code refers to, not as constants (a short IN list) or a switch over
+    # them (an IN list of ints) compiled into it, the code stays the same and is
+    # compiled once
+    "spark.sql.optimizer.inSetConversionThreshold": "1",
+    "spark.sql.optimizer.inSetSwitchThreshold": "0",
 }
 
 #: The settings of ``SESSION_CONF`` a Spark Connect client may set on its session
@@ -62,6 +68,8 @@ RUNTIME_CONF: tuple[str, ...] = (
     "spark.sql.execution.arrow.pyspark.enabled",
     "spark.sql.maxPlanStringLength",
     "spark.sql.adaptive.enabled",
+    "spark.sql.optimizer.inSetConversionThreshold",
+    "spark.sql.optimizer.inSetSwitchThreshold",
 )
 
 #: pyspark's variable naming a Spark Connect server (``sc://host:port``)

@@ -21,14 +21,30 @@ from pyspark.sql import functions as F
 from ..sql.planner import GROUP_KEY, GROUP_OF_ROW, GROUP_ROWS, AggSpec, MvPlan, running_count_column
 from ..storage.catalog import Relation
 from ..storage.keyrange import values_in
-from ..storage.relation_store import BEFORE_OPS, Appended, RelationStore
+from ..storage.relation_store import Appended, RelationStore
 from ..storage.schema import OP, quoted, vnode_expr
-from .change import apply_delta
+from .change import StateDelta, apply_delta, may_retract
 from .changelog import AFTER, BEFORE, changelog_of_pairs, consolidate, image_sql
-from .keys import group_json, group_json_sql, normalized, touched_partitions
+from .keys import (
+    SCAN_ROWS,
+    group_json,
+    group_json_sql,
+    normalized,
+    read_touched,
+    touched_partitions,
+)
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "group_values",
-           "outputs", "evaluate"]
+           "outputs", "evaluate", "state_may_wait"]
+
+
+def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
+    """Whether the aggregate's state Δ may be appended with the epoch's other small
+    Δs, after the MV's Δ is computed: a running aggregate over one leaf reads its
+    state only for the groups that lost a min/max (found by a job of its own), and
+    looks up its old values in the MV, which it reads whole when small."""
+    return (plan.agg is not None and plan.agg.running is not None and bool(plan.agg.group)
+            and plan.join is None and mv.row_count <= SCAN_ROWS)
 
 
 def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFrame:
@@ -40,7 +56,7 @@ def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFr
 
 
 def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,
-                     written: Appended | None, epoch: int, initial: bool) -> DataFrame | None:
+                     written: StateDelta | None, epoch: int, initial: bool) -> DataFrame | None:
     """The MV's changelog from ``written``, the row stage's change as appended to the
     aggregate's state table this epoch (None: no change); ``initial``: the job's
     first epoch (a global aggregate emits its row for empty input)."""
@@ -62,6 +78,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
     delta = written.delta
     if spec.running is not None:
         return aggregate_running(store, mv, spec, agg_state, written, epoch)
+    assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
                              touched_partitions([written], GROUP_OF_ROW),
@@ -72,7 +89,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
 
 
 def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
-                      agg_state: Relation, written: Appended, epoch: int) -> DataFrame:
+                      agg_state: Relation, written: StateDelta, epoch: int) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
@@ -106,9 +123,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     # the old values: the MV's rows of the touched groups (distributed by group),
     # each with its whole row as the before-image of the group's change
     hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
-    touched = written.keys if written.keys is not None else \
-        delta.select(F.col(GROUP_OF_ROW).alias(GROUP_KEY)).distinct()
-    old = store.lookup(mv.stored, epoch - 1, touched, vnodes=written.vnodes)
+    old = read_touched(store, mv, epoch - 1, [written], GROUP_OF_ROW)
     joined = partial.join(
         old.selectExpr(f"{GROUP_KEY} AS {GROUP_OF_ROW}",
                        *[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
@@ -150,7 +165,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         for name, kind, _ in running if kind in ("min", "max")
         for cmp in [">=" if kind == "max" else "<="])
     lost_groups: list[tuple[str, int]] = []
-    if lost and any(op in written.counts for op in BEFORE_OPS):
+    if lost and may_retract(written):
         # the groups that lost their extreme (and still have rows): a small collect,
         # only when rows left (an insert-only Δ retracts nothing)
         lost_groups = [(str(r[0]), int(r[1])) for r in joined.selectExpr(

@@ -10,19 +10,21 @@ rows at ``e``: every key a Δ touches is replaced by its after-image, if any.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
-from ..storage.relation_store import LIVE_OPS, Appended
+from ..storage.relation_store import BEFORE_OPS, LIVE_OPS, Appended
 from ..storage.schema import OP
 from .changelog import after_images, before_images
 
-__all__ = ["Change", "change_of", "Emit", "WEIGHT", "signed", "net_change", "apply_delta"]
+__all__ = ["Change", "change_of", "Emit", "Deferred", "StateDelta", "may_retract", "WEIGHT",
+           "signed", "net_change", "apply_delta"]
 
 
 @dataclass
@@ -41,9 +43,41 @@ def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
     return Change(before_images(delta).select(*columns), after_images(delta).select(*columns))
 
 
-#: appends a state table's Δ for the epoch (``rows_hint``: about how many rows);
-#: returns what was written, or None when the Δ was empty
-Emit = Callable[[Relation, DataFrame, int], Appended | None]
+@dataclass(frozen=True)
+class Deferred:
+    """A state table's Δ whose append waits for the epoch's one write of small Δs:
+    its operator reads the Δ's plan as it is. Its keys and vnodes are not known on
+    the driver (``None``), so the lookups they would drive read the relation they
+    look into whole: an operator lets its state's append wait only when that
+    relation is small. ``may_retract``: whether the Δ can hold before-images (its
+    leaves' changes do)."""
+
+    delta: DataFrame
+    may_retract: bool
+    keys: None = None
+    vnodes: None = None
+
+
+#: a state table's Δ as its operator reads it: appended (read back from its files,
+#: with its keys and vnodes observed) or deferred to the epoch's flush
+StateDelta = Appended | Deferred
+
+
+def may_retract(written: StateDelta) -> bool:
+    """Whether a state table's Δ can hold before-images (``-``, ``U-``)."""
+    if isinstance(written, Deferred):
+        return written.may_retract
+    return any(op in written.counts for op in BEFORE_OPS)
+
+
+class Emit(Protocol):
+    """Appends a state table's Δ for the epoch (``rows_hint``: about how many rows);
+    returns what was written, or None when the Δ was empty. ``deferrable``: the
+    operator's lookups can do without the Δ's keys (they read small relations),
+    so the append may wait for the epoch's flush (a ``Deferred`` is returned)."""
+
+    def __call__(self, rel: Relation, delta: DataFrame, rows_hint: int, *,
+                 deferrable: bool = False) -> StateDelta | None: ...
 
 
 #: a row's weight in a signed change (+1 arrives, -1 leaves): the join's bilinear rule

@@ -22,9 +22,9 @@ from pyspark.sql import functions as F
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
-from .change import WEIGHT, Change, Emit, apply_delta, net_change, signed
+from .change import WEIGHT, Change, Emit, StateDelta, apply_delta, net_change, signed
 from .changelog import consolidate, union_all
-from .keys import touched_partitions
+from .keys import SCAN_ROWS, read_touched, touched_partitions
 from .project import project
 
 __all__ = ["side_rows", "join_change", "inner_join_change"]
@@ -50,22 +50,28 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
     """The join's rows before and after this epoch, for the join keys it touched;
     each side's state table takes that side's change."""
     assert plan.join is not None
-    written: list[Appended | None] = []
+    written: list[StateDelta | None] = []
     for side, change in enumerate(changes):
         state = states[side]
         cols = [col.name for col in state.columns]
+        # an inner join looks up the other side's state by this side's keys: a small
+        # one is read whole, so this side's append may wait for the epoch's flush
+        other = states[1 - side]
         written.append(None if change is None else emit(state, consolidate(
             side_rows(plan, side, change.before, state),
             side_rows(plan, side, change.after, state),
-            cols, state.key, (JOIN_KEY,)), rows_hint))
+            cols, state.key, (JOIN_KEY,)), rows_hint,
+            deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS))
     moved = [w for w in written if w is not None]
     if not moved:
         return None
     if plan.join.how == "inner":
         return inner_join_change(store, plan, leaves, states, written, epoch)
-    keys = touched_partitions(moved, JOIN_KEY)
+    appended = [w for w in moved if isinstance(w, Appended)]
+    assert len(appended) == len(moved)  # only an inner join's appends wait
+    keys = touched_partitions(appended, JOIN_KEY)
     # each side's state is distributed by join key: the Δs' vnodes are the keys'
-    vnodes = sorted({v for w in moved for v in w.vnodes})
+    vnodes = sorted({v for w in appended for v in w.vnodes})
     olds, news = [], []
     for side, state in enumerate(states):
         leaf_cols = [c.name for c in leaves[side].columns]
@@ -79,7 +85,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
 
 
 def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
-                      states: Sequence[Relation], written: Sequence[Appended | None],
+                      states: Sequence[Relation], written: Sequence[StateDelta | None],
                       epoch: int) -> Change:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
@@ -93,8 +99,7 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         other = 1 - side
         state = states[other]
         state_cols = [c.name for c in state.columns]
-        rows = (store.lookup(state.stored, epoch - 1, touched_partitions([mine], JOIN_KEY),
-                             vnodes=mine.vnodes).select(*state_cols))
+        rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY).select(*state_cols)
         theirs = written[other]
         if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
             rows = apply_delta(rows, theirs.delta, state)

@@ -16,12 +16,19 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..storage.relation_store import Appended
+from ..storage.catalog import Relation
+from ..storage.relation_store import Appended, RelationStore
 from ..storage.schema import quoted
+from .change import Deferred, StateDelta
 from .changelog import union_all
 
 __all__ = ["normalized_sql", "normalized", "group_json_sql", "group_json",
-           "touched_partitions"]
+           "touched_partitions", "read_touched", "SCAN_ROWS"]
+
+#: a relation of at most this many rows is read whole where a lookup by the keys of
+#: a state table's Δ would need that Δ written first (its keys observed by a Spark
+#: job of its own): on this scale the read costs less than the job
+SCAN_ROWS = 100_000
 
 
 def normalized_sql(name: str, types: dict[str, str]) -> str:
@@ -56,3 +63,20 @@ def touched_partitions(written: Sequence[Appended], column: str,
     if all(w.keys is not None for w in written):
         return tuple(sorted({k for w in written for k in (w.keys or ())}, key=str))
     return union_all([w.delta.select(column) for w in written]).distinct()
+
+
+def read_touched(store: RelationStore, rel: Relation, epoch: int,
+                 written: Sequence[StateDelta], column: str) -> DataFrame:
+    """``rel``'s live rows at ``epoch`` of the partitions the state-table Δs
+    ``written`` touched (the values of their ``column``, ``rel``'s first key): a
+    keyed lookup, its files pruned to the Δs' vnodes. When a Δ is deferred its keys
+    are not known, and the whole of ``rel`` (small: the operator chose so) is read;
+    the caller's join with the Δ keeps the touched partitions."""
+    if any(isinstance(w, Deferred) for w in written):
+        return store.snapshot(rel.stored, epoch, few=True)
+    appended = [w for w in written if isinstance(w, Appended)]
+    keys = touched_partitions(appended, column)
+    if isinstance(keys, DataFrame):
+        keys = keys.select(F.col(column).alias(rel.key[0]))
+    return store.lookup(rel.stored, epoch, keys,
+                        vnodes=sorted({v for w in appended for v in w.vnodes}))

@@ -32,7 +32,7 @@ from ..sql.planner import MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
 from . import aggregate, join, project, topn, union, window
-from .change import Change, Emit
+from .change import Change, Emit, StateDelta
 from .changelog import consolidate
 
 __all__ = ["DataflowResult", "MvDataflow"]
@@ -82,6 +82,7 @@ class MvDataflow:
         if plan.window is not None:
             written = None if rows is None else self._emit_stage_input(plan, states[-1], rows,
                                                                         emit, rows_hint)
+            assert written is None or isinstance(written, Appended)  # never deferred
             result.delta = window.window_change(self.store, mv, plan, states[-1], written,
                                                 epoch)
             return result
@@ -90,8 +91,9 @@ class MvDataflow:
                 result.delta = consolidate(rows.before.select(*names),
                                            rows.after.select(*names), names, mv.key)
             return result
-        written = None if rows is None else self._emit_stage_input(plan, states[-1], rows,
-                                                                    emit, rows_hint)
+        written = None if rows is None else self._emit_stage_input(
+            plan, states[-1], rows, emit, rows_hint,
+            deferrable=aggregate.state_may_wait(mv, plan))
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
                                                   epoch, initial)
         return result
@@ -123,13 +125,15 @@ class MvDataflow:
     # --- the aggregate's or the window functions' input ------------------------------------
 
     def _emit_stage_input(self, plan: MvPlan, state: Relation, rows: Change, emit: Emit,
-                          rows_hint: int) -> Appended | None:
+                          rows_hint: int, deferrable: bool = False) -> StateDelta | None:
         """Append the row stage's change to the aggregate's or the window's state table
-        (distributed by its first key column, the group or partition)."""
+        (distributed by its first key column, the group or partition); ``deferrable``:
+        the append may wait for the epoch's flush."""
         return emit(state, consolidate(
             self.stage_input_rows(plan, state, rows.before),
             self.stage_input_rows(plan, state, rows.after),
-            [c.name for c in state.columns], state.key, state.key[:1]), rows_hint)
+            [c.name for c in state.columns], state.key, state.key[:1]), rows_hint,
+            deferrable=deferrable)
 
     def stage_input_rows(self, plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
         """Row-stage rows as rows of the state table of the aggregate or of the window

@@ -45,7 +45,7 @@ from ..backfill.state import (
     state_from_rows,
     state_to_row,
 )
-from ..dataflow.change import Emit, change_of
+from ..dataflow.change import Deferred, Emit, StateDelta, change_of
 from ..dataflow.mv import DataflowResult, MvDataflow
 from ..progress import EpochReport, JobProgress
 from ..session import default_parallelism_of
@@ -53,7 +53,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
 from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
-from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
+from ..storage.relation_store import BEFORE_OPS, LOCAL_WRITE_ROWS, Appended, RelationStore
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
@@ -109,7 +109,8 @@ class EpochAppends:
 
     def defer(self, rel: Relation, delta: DataFrame) -> None:
         """Append ``rel``'s small Δ with the others deferred, in ``flush``: for an MV
-        nothing reads this epoch (its Δ is needed only once committed)."""
+        nothing reads this epoch (its Δ is needed only once committed), or a state
+        table whose operator reads the Δ's plan."""
         self.deferred.append((rel, delta))
 
     def flush(self) -> None:
@@ -123,8 +124,20 @@ class EpochAppends:
                 self.counts[rel.id] = out.counts
                 self.versions[rel.id] = out.version
 
-    def emitter(self, tag: int | None = None) -> Emit:
-        return lambda rel, delta, rows_hint: self.append(rel, delta, rows_hint, tag)
+    def emitter(self, tag: int | None = None, may_wait: bool = False,
+                may_retract: bool = True) -> Emit:
+        """An operator's ``Emit`` for its state tables' Δs. ``may_wait``: a created
+        MV's steady epoch, whose small state Δs the operator says it can read as
+        plans (``deferrable``) are deferred to ``flush`` (one Spark job for them all),
+        not appended each by its own job first; ``may_retract``: whether its leaves'
+        changes hold before-images (and so may its state's Δs)."""
+        def emit(rel: Relation, delta: DataFrame, rows_hint: int, *,
+                 deferrable: bool = False) -> StateDelta | None:
+            if deferrable and may_wait and tag is None and rows_hint <= LOCAL_WRITE_ROWS:
+                self.defer(rel, delta)
+                return Deferred(delta, may_retract)
+            return self.append(rel, delta, rows_hint, tag)
+        return emit
 
     def rows(self, rel_id: int) -> int:
         return sum(self.counts.get(rel_id, {}).values())
@@ -506,8 +519,11 @@ class EpochCoordinator:
                        for leaf in leaves]
             if all(c is None for c in changes):
                 return None, [], 0
-            return (self.dataflow.run(rel, leaves, states, changes, epoch, False,
-                                      appends.emitter(), hint), [], hint)
+            retracts = any(op in appends.counts.get(leaf.id, {})
+                           for leaf in leaves for op in BEFORE_OPS)
+            emit = appends.emitter(may_wait=True, may_retract=retracts)
+            return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint),
+                    [], hint)
         if rel.id in plan.get("queued", []):
             return None, [], 0
         rows = self.meta.progress(rel.id)

@@ -253,6 +253,7 @@ class RelationStore:
         first_keys: Sequence[Any] | None = None,
         where: SparkColumn | None = None,
         vnode_rows: bool = True,
+        few: bool = False,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -264,7 +265,9 @@ class RelationStore:
         lookup of a few keys); base and log rows then merge in the read's own job,
         not through a broadcast of the log's keys. ``vnode_rows=False``: ``vnodes``
         select files only (a lookup by keys, whose rows lie in their own vnodes: a
-        row filter by vnode would repeat the key filter at a cost)."""
+        row filter by vnode would repeat the key filter at a cost). ``few``: the rows
+        read are few though unfiltered (a small relation read whole): they merge in
+        the read's own job too."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
         if first_keys is not None:
@@ -290,13 +293,13 @@ class RelationStore:
         base_df = base_rows.select(*out_cols)
         if not log:
             return base_df
-        log_df = self._read(rel, log).where(
-            cond & (F.col(EPOCH) > F.lit(base_epoch)) & (F.col(EPOCH) <= F.lit(epoch)))
-        if where is not None and base:
+        log_df = self._read(rel, log).where(cond & _epochs_within(log, base_epoch, epoch))
+        few = few or where is not None
+        if few and base:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
         latest = latest_per_key(log_df, list(rel.key))
-        if not base or where is not None:
+        if not base or few:
             return latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols)
         unchanged = base_df.join(F.broadcast(latest.select(*rel.key)), list(rel.key), "left_anti")
         self.spark_jobs += 1  # the broadcast, when the read runs
@@ -327,8 +330,7 @@ class RelationStore:
         """Log rows with ``after_epoch < _epoch <= upto_epoch`` (the log store)."""
         files = [f for f in self.files_at(rel, upto_epoch)
                  if f.kind == "log" and f.epoch_max > after_epoch and f.epoch_min <= upto_epoch]
-        return self._read(rel, files).where(
-            (F.col(EPOCH) > F.lit(after_epoch)) & (F.col(EPOCH) <= F.lit(upto_epoch)))
+        return self._read(rel, files).where(_epochs_within(files, after_epoch, upto_epoch))
 
     def estimate_rows_by_vnode(self, rel: StoredRelation, epoch: int,
                                live_rows: int | None = None) -> list[float]:
@@ -371,20 +373,22 @@ class RelationStore:
         now_ms = int(time.time() * 1000)
         return [_add_action(table_path, f, now_ms) for f in written]
 
-    def _arrow_rows(self, rel: StoredRelation, df: DataFrame) -> pa.Table:
-        """A small ``df``'s rows on the driver as Arrow, in ``rel``'s physical schema
-        (one Spark job)."""
-        fields = physical_struct(rel.columns).fields
+    def _arrow_rows(self, rel: StoredRelation, df: DataFrame, epoch: int) -> pa.Table:
+        """A small changelog's rows on the driver as Arrow, in ``rel``'s physical schema
+        with ``_epoch`` = ``epoch`` (one Spark job)."""
+        fields = [f for f in physical_struct(rel.columns).fields if f.name != EPOCH]
         table = df.selectExpr(*[_cast_sql(f) for f in fields]).toArrow()
         self.spark_jobs += 1
-        return table
+        return _with_epoch(table, epoch)
 
-    def _arrow_rows_many(self, parts: Sequence[tuple[StoredRelation, DataFrame]],
+    def _arrow_rows_many(self, parts: Sequence[tuple[StoredRelation, DataFrame]], epoch: int,
                          ) -> list[pa.Table]:
-        """The rows of several small DataFrames (of different relations) on the driver,
-        each in its relation's physical schema, in one Spark job: a union of one
-        row shape with a column per (part, field), NULL outside its part."""
-        fields = [physical_struct(rel.columns).fields for rel, _ in parts]
+        """The rows of several small changelogs (of different relations) on the driver,
+        each in its relation's physical schema with ``_epoch`` = ``epoch``, in one
+        Spark job: a union of one row shape with a column per (part, field), NULL
+        outside its part."""
+        fields = [[f for f in physical_struct(rel.columns).fields if f.name != EPOCH]
+                  for rel, _ in parts]
 
         def slot(i: int, k: int) -> str:
             return f"_sf{i}_{k}"
@@ -402,9 +406,9 @@ class RelationStore:
             union = union.unionAll(other)
         table = union.toArrow()
         self.spark_jobs += 1
-        return [table.filter(pc.equal(table["_sf_part"], i))
-                .select([slot(i, k) for k in range(len(fs))])
-                .rename_columns([f.name for f in fs])
+        return [_with_epoch(table.filter(pc.equal(table["_sf_part"], i))
+                            .select([slot(i, k) for k in range(len(fs))])
+                            .rename_columns([f.name for f in fs]), epoch)
                 for i, fs in enumerate(fields)]
 
     def _write_arrow(self, rel: StoredRelation, table: pa.Table, subdir: str,
@@ -455,14 +459,14 @@ class RelationStore:
         subdir = self._log_subdir(epoch)
         # the set is collected whole: only for a Δ expected small
         key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
-        rows_df = delta.withColumn(EPOCH, F.lit(epoch))
         if rows_hint <= LOCAL_WRITE_ROWS:
-            actions, observed = self._write_arrow(rel, self._arrow_rows(rel, rows_df),
+            actions, observed = self._write_arrow(rel, self._arrow_rows(rel, delta, epoch),
                                                   subdir, key_column)
         else:
             observation = Observation(f"sf_append_{uuid.uuid4().hex}")
-            actions = self._write_files(rel, rows_df, subdir, rows_hint,
-                                        observation=observation, key_column=key_column)
+            actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
+                                        rows_hint, observation=observation,
+                                        key_column=key_column)
             observed = _observed(observation.get)
         return self._commit_append(dt, rel, epoch, subdir, actions, observed)
 
@@ -482,8 +486,7 @@ class RelationStore:
                 todo.append((i, dt))
         if not todo:
             return results
-        tables = self._arrow_rows_many([(items[i][0], items[i][1].withColumn(EPOCH, F.lit(epoch)))
-                                        for i, _ in todo])
+        tables = self._arrow_rows_many([(items[i][0], items[i][1]) for i, _ in todo], epoch)
         for (i, dt), table in zip(todo, tables, strict=True):
             rel = items[i][0]
             subdir = self._log_subdir(epoch)
@@ -710,6 +713,22 @@ def _observed(values: dict[str, Any],
     return ({op: n for op, n in counts.items() if n},
             tuple(sorted(int(v) for v in values.get("vnodes") or ())),
             None if keys is None or len(keys) > KEY_VALUES else tuple(keys))
+
+
+def _epochs_within(files: Sequence[DataFile], after: int, upto: int) -> SparkColumn:
+    """The filter that keeps the log rows of ``files`` with ``after < _epoch <= upto``:
+    none when the files' statistics already bound their epochs so (a literal that
+    changes every epoch would be compiled into new code every epoch)."""
+    if all(after < f.epoch_min and f.epoch_max <= upto for f in files):
+        return F.lit(True)
+    return (F.col(EPOCH) > F.lit(after)) & (F.col(EPOCH) <= F.lit(upto))
+
+
+def _with_epoch(table: pa.Table, epoch: int) -> pa.Table:
+    """``table`` with its ``_epoch`` column (before ``_op``, the last) set on the driver:
+    a literal in the plan would be compiled into new code every epoch."""
+    return table.add_column(table.num_columns - 1, pa.field(EPOCH, pa.int64()),
+                            pa.repeat(pa.scalar(epoch, pa.int64()), table.num_rows))
 
 
 def _add_action(table_path: str, written: WrittenFile, now_ms: int) -> AddAction:
