@@ -5,8 +5,9 @@ keyed ``(group JSON, row key)`` and distributed by group; the MV's rows are keye
 by group JSON. Only the groups the epoch's changes touch are recomputed: their
 input rows at ``e-1`` (the state, looked up by the touched groups and pruned to
 their vnodes) evaluated against those rows with the Δ applied — or, for running
-aggregates, each touched group's old values (its MV row) updated by the signed
-Δ, reading input rows only for a group that lost its min/max. A global aggregate
+aggregates, each touched group's old values (its MV row: a keyed lookup, or the
+whole MV when it is small and the state's Δ waits for the epoch's flush) updated
+by the signed Δ, reading input rows only for a group that lost its min/max. A global aggregate
 is one partition: it reads its whole state, and emits its row for empty input in
 the job's first epoch.
 """

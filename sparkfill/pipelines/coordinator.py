@@ -15,7 +15,10 @@ Epoch ``e``:
    files by the relations downstream: tables from DML; an MV from its leaves'
    changes (their Δs once created, their backfill scans while creating) through
    its operators, which append the Δs of its state tables the same way; a
-   relation whose inputs did not change runs nothing;
+   relation whose inputs did not change runs nothing. The small Δs nothing reads
+   back this epoch — of created MVs no MV reads, and of state tables whose operator
+   reads the Δ's plan itself — are appended together at the end of the phase, their
+   rows brought to the driver by one Spark job;
 3. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
 4. release the backfill chunks read for ``e``; compact and vacuum. ``e`` is
    committed: a failure here is logged (and reported) and retried later, so

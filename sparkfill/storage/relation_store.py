@@ -602,6 +602,12 @@ class RelationStore:
         if (_is_base_of(old_files, epoch, live_rows)
                 and len(old_files) <= 2 * math.ceil(live_rows / self.target_file_rows)):
             actions = self._link_as_base(rel, old_files, subdir)
+        elif live_rows <= LOCAL_WRITE_ROWS:
+            # a small relation: its rows to the driver and written there, as a small
+            # Δ is (a Spark write's file-commit protocol costs more than its rows)
+            snap = self.snapshot(rel, epoch, few=True).withColumn(OP, F.lit("+"))
+            actions, _ = self._write_arrow(rel, self._arrow_rows(rel, snap, epoch), subdir,
+                                           None)
         else:
             snap = (self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch))
                     .withColumn(OP, F.lit("+")))
