@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
-from ..storage.relation_store import BEFORE_OPS, LIVE_OPS, Appended
+from ..storage.relation_store import LIVE_OPS, Appended, retracts
 from ..storage.schema import OP
 from .changelog import after_images, before_images
 
@@ -47,15 +47,13 @@ def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
 class Deferred:
     """A state table's Δ whose append waits for the epoch's one write of small Δs:
     its operator reads the Δ's plan as it is. Its keys and vnodes are not known on
-    the driver (``None``), so the lookups they would drive read the relation they
-    look into whole: an operator lets its state's append wait only when that
-    relation is small. ``may_retract``: whether the Δ can hold before-images (its
-    leaves' changes do)."""
+    the driver, so the lookups they would drive read the relation they look into
+    whole: an operator lets its state's append wait only when that relation is
+    small. ``may_retract``: whether the Δ can hold before-images (its leaves'
+    changes do)."""
 
     delta: DataFrame
     may_retract: bool
-    keys: None = None
-    vnodes: None = None
 
 
 #: a state table's Δ as its operator reads it: appended (read back from its files,
@@ -67,7 +65,7 @@ def may_retract(written: StateDelta) -> bool:
     """Whether a state table's Δ can hold before-images (``-``, ``U-``)."""
     if isinstance(written, Deferred):
         return written.may_retract
-    return any(op in written.counts for op in BEFORE_OPS)
+    return retracts(written.counts)
 
 
 class Emit(Protocol):

@@ -56,7 +56,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
 from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
-from ..storage.relation_store import BEFORE_OPS, LOCAL_WRITE_ROWS, Appended, RelationStore
+from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
@@ -522,9 +522,8 @@ class EpochCoordinator:
                        for leaf in leaves]
             if all(c is None for c in changes):
                 return None, [], 0
-            retracts = any(op in appends.counts.get(leaf.id, {})
-                           for leaf in leaves for op in BEFORE_OPS)
-            emit = appends.emitter(may_wait=True, may_retract=retracts)
+            emit = appends.emitter(may_wait=True, may_retract=any(
+                retracts(appends.counts.get(leaf.id, {})) for leaf in leaves))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint),
                     [], hint)
         if rel.id in plan.get("queued", []):

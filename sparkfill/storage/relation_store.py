@@ -57,7 +57,7 @@ from .spark_files import WrittenFile, parquet_stats, read_parquet, write_parquet
 from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
-           "BEFORE_OPS", "OPS", "KEY_VALUES", "LOCAL_WRITE_ROWS"]
+           "BEFORE_OPS", "OPS", "KEY_VALUES", "LOCAL_WRITE_ROWS", "retracts"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -70,6 +70,11 @@ LOCAL_WRITE_ROWS = 20_000
 LIVE_OPS = ("+", "U+")
 BEFORE_OPS = ("-", "U-")
 OPS = ("+", "-", "U-", "U+")
+
+
+def retracts(counts: dict[str, int]) -> bool:
+    """Whether a changelog with these rows per ``_op`` holds a before-image."""
+    return any(op in counts for op in BEFORE_OPS)
 
 
 @dataclass(frozen=True)
@@ -376,7 +381,7 @@ class RelationStore:
     def _arrow_rows(self, rel: StoredRelation, df: DataFrame, epoch: int) -> pa.Table:
         """A small changelog's rows on the driver as Arrow, in ``rel``'s physical schema
         with ``_epoch`` = ``epoch`` (one Spark job)."""
-        fields = [f for f in physical_struct(rel.columns).fields if f.name != EPOCH]
+        fields = _collected_fields(rel)
         table = df.selectExpr(*[_cast_sql(f) for f in fields]).toArrow()
         self.spark_jobs += 1
         return _with_epoch(table, epoch)
@@ -387,8 +392,7 @@ class RelationStore:
         each in its relation's physical schema with ``_epoch`` = ``epoch``, in one
         Spark job: a union of one row shape with a column per (part, field), NULL
         outside its part."""
-        fields = [[f for f in physical_struct(rel.columns).fields if f.name != EPOCH]
-                  for rel, _ in parts]
+        fields = [_collected_fields(rel) for rel, _ in parts]
 
         def slot(i: int, k: int) -> str:
             return f"_sf{i}_{k}"
@@ -728,6 +732,12 @@ def _epochs_within(files: Sequence[DataFile], after: int, upto: int) -> SparkCol
     if all(after < f.epoch_min and f.epoch_max <= upto for f in files):
         return F.lit(True)
     return (F.col(EPOCH) > F.lit(after)) & (F.col(EPOCH) <= F.lit(upto))
+
+
+def _collected_fields(rel: StoredRelation) -> list[T.StructField]:
+    """The physical fields a changelog brought to the driver is collected with: all
+    but ``_epoch``, which ``_with_epoch`` sets there."""
+    return [f for f in physical_struct(rel.columns).fields if f.name != EPOCH]
 
 
 def _with_epoch(table: pa.Table, epoch: int) -> pa.Table:
