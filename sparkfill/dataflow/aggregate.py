@@ -125,10 +125,12 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     # each with its whole row as the before-image of the group's change
     hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
     old = read_touched(store, mv, epoch - 1, [written], GROUP_OF_ROW)
+    # a sort-merge join: over the one partition of small reads it needs no exchange,
+    # where a broadcast of the old values would be a Spark job of its own
     joined = partial.join(
         old.selectExpr(f"{GROUP_KEY} AS {GROUP_OF_ROW}",
                        *[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
-                       f"{image_sql(names)} AS {BEFORE}"),
+                       f"{image_sql(names)} AS {BEFORE}").hint("merge"),
         GROUP_OF_ROW, "left")
 
     def was(column: str) -> str:

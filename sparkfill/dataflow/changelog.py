@@ -59,9 +59,21 @@ def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
     """
     key = list(key)
     keys = [quoted(k) for k in key]
-    b = before.selectExpr(*keys, f"{image_sql(columns)} AS {BEFORE}")
-    a = after.selectExpr(*keys, f"{image_sql(columns)} AS {AFTER}")
-    return changelog_of_pairs(b.join(a, key, "full_outer"), columns, dist_key or key)
+    # the images of a key paired by a window over the key, not a full outer join:
+    # one exchange (none over one partition) instead of one per side, and the
+    # pairs keep their input's partitioning (a full outer join's is unknown, so
+    # the group or join after it would shuffle again)
+    img = image_sql(columns)
+    none = f"IF(FALSE, {img}, NULL)"  # NULL of the image's type
+    images = before.selectExpr(*keys, f"{img} AS {BEFORE}", f"{none} AS {AFTER}").unionByName(
+        after.selectExpr(*keys, f"{none} AS {BEFORE}", f"{img} AS {AFTER}"))
+    by_key = f"OVER (PARTITION BY {', '.join(keys)})"
+    pairs = images.selectExpr(
+        *keys, BEFORE, f"first({BEFORE}, TRUE) {by_key} AS _sf_pb",
+        f"first({AFTER}, TRUE) {by_key} AS _sf_pa",
+    ).where(f"{BEFORE} IS NOT NULL OR _sf_pb IS NULL").selectExpr(
+        *keys, f"_sf_pb AS {BEFORE}", f"_sf_pa AS {AFTER}")
+    return changelog_of_pairs(pairs, columns, dist_key or key)
 
 
 #: the before- and after-image columns (structs of a row's columns, null when absent)

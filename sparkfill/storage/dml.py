@@ -273,7 +273,8 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     key = list(rel.key)
     cols = [c.name for c in rel.columns]
     files, single = _staged_files(store.warehouse, batches)
-    staged = read_parquet(spark, store.warehouse, _stage_struct(rel), files)
+    staged = read_parquet(spark, store.warehouse, _stage_struct(rel), files,
+                          sum(b.rows for b in batches))
     order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
     latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))

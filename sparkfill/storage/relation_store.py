@@ -53,7 +53,7 @@ from .schema import (
     physical_struct,
     quoted,
 )
-from .spark_files import WrittenFile, parquet_stats, read_parquet, write_parquet
+from .spark_files import WrittenFile, empty_frame, parquet_stats, read_parquet, write_parquet
 from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
@@ -243,9 +243,10 @@ class RelationStore:
     def _read(self, rel: StoredRelation, files: Sequence[DataFile]) -> DataFrame:
         schema = physical_struct(rel.columns)
         if not files:
-            return self.spark.createDataFrame([], schema)
-        self.rows_read[self.reader or rel.name] += sum(f.rows for f in files)
-        return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files])
+            return empty_frame(self.spark, schema)
+        rows = sum(f.rows for f in files)
+        self.rows_read[self.reader or rel.name] += rows
+        return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files], rows)
 
     def snapshot(
         self,
@@ -533,25 +534,27 @@ class RelationStore:
         self.meta.remove_pending_dir(out)
         files = [f"{table_path}/{a.path}" for a in actions if isinstance(a, AddAction)]
         return Appended(self._committed_version(rel), counts, vnodes,
-                        self._read_delta(rel, files), keys)
+                        self._read_delta(rel, files, sum(counts.values())), keys)
 
     def _appended(self, rel: StoredRelation, epoch: int, version: int,
                   collect_keys: bool) -> Appended | None:
         """The append of ``epoch`` that an earlier attempt committed (recovery)."""
         prefix = f"log/e{epoch:010d}-"
-        files = [f.uri for f in self.files(rel, version) if f.path.startswith(prefix)]
-        if not files:
+        written = [f for f in self.files(rel, version) if f.path.startswith(prefix)]
+        if not written:
             return None
-        delta = self._read_delta(rel, files)
+        delta = self._read_delta(rel, [f.uri for f in written], sum(f.rows for f in written))
         stats = delta.agg(*_delta_metrics(rel.key[0] if collect_keys else None)
                           ).collect()[0].asDict()
         self.spark_jobs += 1
         counts, vnodes, keys = _observed(stats)
         return Appended(version, counts, vnodes, delta, keys)
 
-    def _read_delta(self, rel: StoredRelation, uris: Sequence[str]) -> DataFrame:
-        """A written changelog read back from its files (not counted as a state read)."""
-        return (read_parquet(self.spark, self.warehouse, physical_struct(rel.columns), uris)
+    def _read_delta(self, rel: StoredRelation, uris: Sequence[str], rows: int) -> DataFrame:
+        """A written changelog of ``rows`` rows read back from its files (not counted as
+        a state read)."""
+        return (read_parquet(self.spark, self.warehouse, physical_struct(rel.columns), uris,
+                             rows)
                 .select(*rel.column_names, VNODE, OP))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,

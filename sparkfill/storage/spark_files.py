@@ -8,8 +8,9 @@ the write itself or the warehouse's filesystem, never from a local listing of a
 remote store.
 
 Invariant: ``read_parquet(files)`` returns exactly the rows of ``files`` in
-``schema``; ``write_parquet`` writes one file per non-empty partition and reports
-each file it wrote, in one Spark job.
+``schema`` (a read of no file is a frame Spark's optimizer knows to be empty, and a
+read of at most ``ONE_TASK_ROWS`` rows is one partition); ``write_parquet`` writes
+one file per non-empty partition and reports each file it wrote, in one Spark job.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from . import object_files
 from .warehouse import Warehouse
 
 __all__ = ["WrittenFile", "read_parquet", "read_texts", "write_parquet", "parquet_stats",
-           "spark_native"]
+           "spark_native", "empty_frame", "ONE_TASK_ROWS"]
+
+#: a read of at most this many rows is one partition (one task): a plan over one
+#: partition needs no exchange (a single partition satisfies every distribution a
+#: join, a group or a window asks for), so a small epoch's query is one stage, not
+#: one per join, group and window, each of which costs tens of milliseconds whatever
+#: it holds; a larger read keeps one task per file split
+ONE_TASK_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -60,18 +68,29 @@ def _register(spark: SparkSession) -> None:
     _registered[id(spark)] = spark
 
 
+def empty_frame(spark: SparkSession, schema: T.StructType) -> DataFrame:
+    """A frame of no rows in ``schema`` that Spark's optimizer knows is empty (a zero
+    limit): a join or union with it folds away instead of running (an empty local
+    frame of a classic session is a scan of an RDD, which Spark cannot see through)."""
+    return spark.createDataFrame([], schema).limit(0)
+
+
 def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType,
-                 uris: Sequence[str]) -> DataFrame:
-    """The rows of the Parquet files ``uris`` (none: an empty frame) in ``schema``."""
+                 uris: Sequence[str], rows: int | None = None) -> DataFrame:
+    """The rows of the Parquet files ``uris`` (none: an empty frame) in ``schema``;
+    ``rows``, when the caller knows how many they hold: at most ``ONE_TASK_ROWS``
+    are read as one partition."""
     if not uris:
-        return spark.createDataFrame([], schema)
+        return empty_frame(spark, schema)
     if spark_native(warehouse):
-        return spark.read.schema(schema).parquet(*uris)
-    _register(spark)
-    return (spark.read.format(object_files.SOURCE_NAME).schema(schema)
-            .option("uris", json.dumps(list(uris)))
-            .options(**_storage_read_options(warehouse))
-            .load())
+        df = spark.read.schema(schema).parquet(*uris)
+    else:
+        _register(spark)
+        df = (spark.read.format(object_files.SOURCE_NAME).schema(schema)
+              .option("uris", json.dumps(list(uris)))
+              .options(**_storage_read_options(warehouse))
+              .load())
+    return df.coalesce(1) if rows is not None and rows <= ONE_TASK_ROWS else df
 
 
 def _storage_read_options(location: Warehouse) -> dict[str, str]:
