@@ -240,3 +240,88 @@ def test_consolidate_emits_one_net_change_per_key(spark):
     assert got == [(2, "b", "U-"), (2, "b2", "U+"), (3, "c", "-"), (4, "d", "+")]
     assert all(r[VNODE] == spark.range(1).select(
         F.pmod(F.xxhash64(F.lit(r.id).cast("bigint")), F.lit(256))).first()[0] for r in out)
+
+
+def _plan_text(df) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        df.explain()
+    return buf.getvalue()
+
+
+_IMAGE = st.dictionaries(st.tuples(st.integers(0, 3), st.sampled_from(["x", None])),
+                         st.tuples(st.sampled_from(["a", "b", None]),
+                                   st.lists(st.integers(0, 2), max_size=2)), max_size=8)
+
+
+@settings(max_examples=12, deadline=None)
+@given(before=_IMAGE, after=_IMAGE, one_partition=st.booleans())
+def test_consolidate_turns_before_into_after_with_one_change_per_key(
+        spark, before, after, one_partition):
+    """Property: over any before/after images (a two-column key whose second part
+    may be NULL, nullable and nested values), the changelog holds one net change
+    per key — none for an unchanged row — and applied to ``before`` gives
+    ``after``; so whether the inputs are one partition or several."""
+    schema = "k bigint, j string, v string, arr array<int>"
+
+    def frame(rows):
+        df = spark.createDataFrame([(k, j, v, arr) for (k, j), (v, arr) in rows.items()],
+                                   schema)
+        return df.coalesce(1) if one_partition else df.repartition(3)
+
+    out = consolidate(frame(before), frame(after), ["k", "j", "v", "arr"], ["k", "j"]
+                      ).collect()
+    changes: dict = {}
+    for r in out:
+        changes.setdefault((r.k, r.j), []).append((r[OP], (r.v, tuple(r.arr))))
+    state = {key: (v, tuple(arr)) for key, (v, arr) in before.items()}
+    for key, ops in changes.items():
+        kinds = sorted(op for op, _ in ops)
+        assert kinds in (["+"], ["-"], ["U+", "U-"]), (key, ops)
+        for op, row in ops:
+            if op in ("-", "U-"):
+                assert state.pop(key) == row
+        for op, row in ops:
+            if op in ("+", "U+"):
+                assert key not in state
+                state[key] = row
+    assert state == {key: (v, tuple(arr)) for key, (v, arr) in after.items()}
+    unchanged = {key for key in before if key in after and before[key] == after[key]}
+    assert not unchanged & set(changes)
+
+
+def test_small_reads_are_one_partition_and_their_changelog_needs_no_exchange(
+        store, spark, monkeypatch):
+    """A read of at most ONE_TASK_ROWS rows is one partition, so consolidating two of
+    them, and grouping the changelog, runs without an exchange (one stage); a read
+    of no file folds away (no scan of it is left in the plan); a larger read keeps
+    its partitions (the changelog then shuffles), and its changelog holds the same
+    rows."""
+    import sparkfill.storage.spark_files as spark_files
+
+    st_, meta, rel = store
+    _commit(st_, meta, rel, 1, [(i, f"v{i}", "+") for i in range(100)], spark)
+    _commit(st_, meta, rel, 2, [(i, f"w{i}", "U+") for i in range(0, 100, 3)], spark)
+    cols = ["id", "v"]
+
+    def changelog(old: int, new: int):
+        return consolidate(st_.snapshot(rel, old).select(*cols),
+                           st_.snapshot(rel, new).select(*cols), cols, ["id"])
+
+    small = changelog(1, 2)
+    assert "Exchange" not in _plan_text(small)
+    # the changelog keeps its input's partitioning: a group after it shuffles nothing
+    assert "Exchange" not in _plan_text(small.groupBy("id").count())
+    expected = sorted((r.id, r.v, r[OP]) for r in small.collect())
+    assert len(expected) == 2 * 34 and {op for *_, op in expected} == {"U-", "U+"}
+    nothing = changelog(0, 1)
+    plan = _plan_text(nothing)
+    assert "ExistingRDD" not in plan and "LocalTableScan" not in plan, plan
+    assert sorted(r[OP] for r in nothing.collect()) == ["+"] * 100
+    monkeypatch.setattr(spark_files, "ONE_TASK_ROWS", 0)
+    split = changelog(1, 2)
+    assert "Exchange" in _plan_text(split)
+    assert sorted((r.id, r.v, r[OP]) for r in split.collect()) == expected

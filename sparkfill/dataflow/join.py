@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
+from ..storage.spark_files import ONE_TASK_ROWS
 from .change import WEIGHT, Change, Emit, StateDelta, apply_delta, net_change, signed
 from .changelog import consolidate, union_all
 from .keys import SCAN_ROWS, read_touched, touched_partitions
@@ -66,7 +67,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
     if not moved:
         return None
     if plan.join.how == "inner":
-        return inner_join_change(store, plan, leaves, states, written, epoch)
+        return inner_join_change(store, plan, leaves, states, written, epoch, rows_hint)
     appended = [w for w in moved if isinstance(w, Appended)]
     assert len(appended) == len(moved)  # only an inner join's appends wait
     keys = touched_partitions(appended, JOIN_KEY)
@@ -86,11 +87,12 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
 
 def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
                       states: Sequence[Relation], written: Sequence[StateDelta | None],
-                      epoch: int) -> Change:
+                      epoch: int, rows_hint: int) -> Change:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
     touched (``B`` before this epoch's change, ``A`` after it), and the signed
-    terms net per row. No side's unchanged rows of a touched key are read."""
+    terms net per row. No side's unchanged rows of a touched key are read.
+    ``rows_hint``: about how many rows the sides' Δs hold."""
     terms = []
     for side in (0, 1):
         mine = written[side]
@@ -106,5 +108,7 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         inputs = [signed(mine.delta, [c.name for c in leaves[side].columns]), rows]
         if side == 1:
             inputs.reverse()
-        terms.append(project(plan, inputs, keep=[WEIGHT]))
+        # small Δ, small state: each read is one partition, joined without exchange
+        small = rows_hint <= ONE_TASK_ROWS and state.row_count <= ONE_TASK_ROWS
+        terms.append(project(plan, inputs, keep=[WEIGHT], merge=small))
     return net_change(union_all(terms), [name for name, _ in plan.rows])

@@ -27,12 +27,18 @@ def filter_project(df: DataFrame, where: str | None,
                      *[F.col(c) for c in keep])
 
 
-def project(plan: MvPlan, inputs: Sequence[DataFrame], keep: Sequence[str] = ()) -> DataFrame:
+def project(plan: MvPlan, inputs: Sequence[DataFrame], keep: Sequence[str] = (),
+            merge: bool = False) -> DataFrame:
+    """The row stage over ``inputs`` (a leaf's rows, or a join's two sides);
+    ``merge``: join by sort-merge, not by broadcast (both sides small, each one
+    partition: no exchange, where a broadcast would be a Spark job of its own)."""
     if plan.join is None:
         df = inputs[0].alias(plan.leaves[0].alias)
     else:
         left = inputs[0].alias(plan.leaves[0].alias)
         right = inputs[1].alias(plan.leaves[1].alias)
+        if merge:
+            right = right.hint("merge")
         df = left.join(right, F.expr(plan.join.on), plan.join.how)
     return filter_project(df, plan.where, plan.rows, keep)
 
