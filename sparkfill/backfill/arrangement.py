@@ -136,7 +136,7 @@ class ArrangementScan:
         estimate = self.store.estimate_rows_by_vnode(up, epoch, upstream.row_count)
         active = choose_active(progress, estimate, budget, parallelism)
         quota = max(1, math.ceil(budget / len(active)))
-        rows = self.store.snapshot(up, epoch, vnodes=active)
+        rows = self.store.snapshot(up, epoch, vnodes=active, bulk=True)
         started = {v: s.pos.key for v in active
                    if isinstance(s := progress.states[v], InProgress) and s.pos.key is not None}
         if started:

@@ -80,13 +80,13 @@ class BackfillScan:
             return None, pos, 0
         up = upstream.stored
         if limit is None:
-            chunk = self.store.snapshot(up, epoch, after=pos)
+            chunk = self.store.snapshot(up, epoch, after=pos, bulk=True)
             chunk = chunk.persist(StorageLevel.MEMORY_AND_DISK)
             self.store.spark_jobs += 1
             return chunk, END, chunk.count()
         estimate = self.store.estimate_rows_by_vnode(up, epoch, live_rows)
         hi = pick_vnode_hi(estimate, pos, limit)
-        snap = self.store.snapshot(up, epoch, after=pos, vnode_hi=hi)
+        snap = self.store.snapshot(up, epoch, after=pos, vnode_hi=hi, bulk=True)
         chunk = snap.orderBy(VNODE, *up.key).limit(limit).persist(StorageLevel.MEMORY_AND_DISK)
         stats = chunk.agg(F.count(F.lit(1)).alias("n"),
                           F.max(position_struct(up.key_columns)).alias("last")).collect()[0]

@@ -216,7 +216,7 @@ class SnapshotJob(threading.Thread):
         leaf = self.leaves[chunk["leaf"]]
         rows = self.store.snapshot(leaf.stored, self.s,
                                    vnodes=range(chunk["lo"], chunk["hi"] + 1),
-                                   files=self.leaf_files[chunk["leaf"]])
+                                   files=self.leaf_files[chunk["leaf"]], bulk=True)
         files = [f for f in self.leaf_files[chunk["leaf"]]
                  if f.vnode_max >= chunk["lo"] and f.vnode_min <= chunk["hi"]]
         if len(files) < self.parallelism:  # fewer files than tasks: spread the work

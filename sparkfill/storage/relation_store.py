@@ -164,6 +164,10 @@ class RelationStore:
         self.log_fraction = log_fraction
         self.min_compact_rows = min_compact_rows
         self._files_cache: OrderedDict[tuple[str, int], list[DataFile]] = OrderedDict()
+        #: each relation's table as last opened at its latest version, brought up to
+        #: date (its new log entries read) when used again: opening a table reads its
+        #: checkpoint and log, which an epoch would do ~10-20 times
+        self._latest: dict[str, DeltaTable] = {}
         #: rows in the files each read selected since the last reset, per reader
         #: (the relation whose Δ the read served)
         self.rows_read: dict[str, int] = defaultdict(int)
@@ -188,15 +192,26 @@ class RelationStore:
         return f"{self.root}/{rel.dir}"
 
     def _table(self, rel: StoredRelation, version: int | None = None) -> DeltaTable:
-        return self.warehouse.delta(self.path(rel), version)
+        """``rel``'s Delta table at ``version`` (None: its latest, which only the
+        epoch loop's thread asks for)."""
+        if version is not None:
+            return self.warehouse.delta(self.path(rel), version)
+        dt = self._latest.get(rel.dir)
+        if dt is None:
+            dt = self._latest[rel.dir] = self.warehouse.delta(self.path(rel))
+        else:
+            dt.update_incremental()
+        return dt
 
     def create(self, dir_: str, columns: Sequence[Column]) -> int:
         path = f"{self.root}/{dir_}"
+        self._latest.pop(dir_, None)
         self.warehouse.rmtree(path)
         self.warehouse.create_delta(path, physical_arrow_schema(columns))
         return 0
 
     def delete(self, dir_: str) -> None:
+        self._latest.pop(dir_, None)
         self.warehouse.rmtree(f"{self.root}/{dir_}")
 
     def latest_version(self, rel: StoredRelation) -> int:
@@ -240,13 +255,18 @@ class RelationStore:
 
     # --- reads ----------------------------------------------------------------------------
 
-    def _read(self, rel: StoredRelation, files: Sequence[DataFile]) -> DataFrame:
+    def _read(self, rel: StoredRelation, files: Sequence[DataFile],
+              bulk: bool = False) -> DataFrame:
+        """The rows of ``files``; ``bulk``: they feed work in proportion to their
+        number (a backfill's chunk), so they keep one task per file split even when
+        few (a small read is otherwise one partition: see ``read_parquet``)."""
         schema = physical_struct(rel.columns)
         if not files:
             return empty_frame(self.spark, schema)
         rows = sum(f.rows for f in files)
         self.rows_read[self.reader or rel.name] += rows
-        return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files], rows)
+        return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files],
+                            None if bulk else rows)
 
     def snapshot(
         self,
@@ -260,6 +280,7 @@ class RelationStore:
         where: SparkColumn | None = None,
         vnode_rows: bool = True,
         few: bool = False,
+        bulk: bool = False,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -273,7 +294,8 @@ class RelationStore:
         select files only (a lookup by keys, whose rows lie in their own vnodes: a
         row filter by vnode would repeat the key filter at a cost). ``few``: the rows
         read are few though unfiltered (a small relation read whole): they merge in
-        the read's own job too."""
+        the read's own job too. ``bulk``: the rows feed work in proportion to their
+        number (a backfill's chunk): read in one task per file split, however few."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
         if first_keys is not None:
@@ -295,11 +317,12 @@ class RelationStore:
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
-        base_rows = self._read(rel, base).where(cond)
+        base_rows = self._read(rel, base, bulk).where(cond)
         base_df = base_rows.select(*out_cols)
         if not log:
             return base_df
-        log_df = self._read(rel, log).where(cond & _epochs_within(log, base_epoch, epoch))
+        log_df = self._read(rel, log, bulk).where(
+            cond & _epochs_within(log, base_epoch, epoch))
         few = few or where is not None
         if few and base:
             # few rows: the latest change per key over base and log, in the read's job
