@@ -3,6 +3,7 @@ the storage invariants the engine's correctness rests on."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -143,6 +144,71 @@ def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
     assert st_.latest_version(rel) == before + 1
     for epoch, expected in history.items():
         assert _snap(st_, rel, epoch) == expected
+
+
+def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
+    """Many small log files over a large base are merged into one log file, not
+    folded into base: the base is not rewritten, every row stays with its epoch, so
+    a snapshot as of every epoch and the log store's reads between any two epochs
+    are what they were; a log too large to merge, or large against the base, is
+    folded."""
+    import sparkfill.storage.relation_store as relation_store
+
+    st_, meta, rel = store
+    st_.max_log_files, st_.min_compact_rows, st_.log_fraction = 4, 10, 1.0
+    rng = random.Random(5)
+    model = {k: f"{k}-0" for k in range(300)}
+    _commit(st_, meta, rel, 1, [(k, v, "+") for k, v in model.items()], spark)
+    st_.compact(rel, 1, len(model))
+    base = {f.path for f in st_.files_at(rel, 1)}
+    history = {1: sorted(model.items())}
+    for epoch in range(2, 7):
+        rows = []
+        for k in rng.sample(range(320), 12):
+            if k in model and rng.random() < 0.3:
+                rows.append((k, model.pop(k), "-"))
+            elif k in model:
+                rows += [(k, model[k], "U-"), (k, f"{k}-{epoch}", "U+")]
+                model[k] = f"{k}-{epoch}"
+            else:
+                model[k] = f"{k}-{epoch}"
+                rows.append((k, model[k], "+"))
+        _commit(st_, meta, rel, epoch, rows, spark)
+        history[epoch] = sorted(model.items())
+
+    def log_rows(after, upto):
+        return sorted(tuple(r) for r in st_.changelog(rel, after, upto)
+                      .select("id", "v", OP, "_epoch").collect())
+
+    spans = [(a, b) for a in range(1, 6) for b in range(a + 1, 7)]
+    logs = {span: log_rows(*span) for span in spans}
+    assert st_.compaction_due(rel, 6) == "merge", "5 log files over a base of 300 rows"
+    jobs = st_.spark_jobs
+    st_.merge_log(rel, 6)
+    assert st_.spark_jobs == jobs, "merged on the driver"
+    files = st_.files_at(rel, 6)
+    assert {f.path for f in files if f.kind == "base"} == base, "the base is not rewritten"
+    merged = [f for f in files if f.kind == "log"]
+    rows = sum(f.rows for f in merged)
+    assert all(f.path.startswith("log/m") for f in merged)
+    assert len(merged) == math.ceil(rows / st_.target_file_rows) < 5
+    assert (min(f.epoch_min for f in merged), max(f.epoch_max for f in merged)) == (2, 6)
+    assert st_.compaction_due(rel, 6) is None
+    for epoch, expected in history.items():
+        assert _snap(st_, rel, epoch) == expected, epoch
+    for span in spans:
+        assert log_rows(*span) == logs[span], span
+    monkey = pytest.MonkeyPatch()
+    try:  # too many rows to merge on the driver: folded
+        for epoch in range(7, 10):
+            _commit(st_, meta, rel, epoch, [(epoch * 1000, "n", "+")], spark)
+        assert st_.compaction_due(rel, 9) == "merge"
+        monkey.setattr(relation_store, "MERGE_LOG_ROWS", 10)
+        assert st_.compaction_due(rel, 9) == "fold"
+    finally:
+        monkey.undo()
+    st_.log_fraction = 0.05  # a log large against its base is folded, however few files
+    assert st_.compaction_due(rel, 9) == "fold"
 
 
 def test_a_log_that_is_already_a_base_is_adopted_without_a_rewrite(store, spark):

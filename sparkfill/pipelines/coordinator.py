@@ -606,8 +606,13 @@ class EpochCoordinator:
         for rel in self.catalog.all():
             if rel.id in held:
                 continue  # a snapshot job reads its log or writes it as of earlier epochs
-            if rel.id in appended and self.store.needs_compaction(rel.stored, epoch):
+            if rel.id not in appended:
+                continue
+            due = self.store.compaction_due(rel.stored, epoch)
+            if due == "fold":
                 self.store.compact(rel.stored, epoch, rel.row_count)
+            elif due == "merge":
+                self.store.merge_log(rel.stored, epoch)
         if epoch % 10 == 0:
             self.vacuum(epoch)
 

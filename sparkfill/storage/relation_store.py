@@ -1,7 +1,8 @@
 """The relation store: every relation is a Delta table of log and base files.
 
 Invariants:
-- *log* files (``log/e<epoch>-*``) hold one epoch's consolidated changelog;
+- *log* files (``log/e<epoch>-*``) hold one epoch's consolidated changelog, or
+  (``log/m<epoch>-*``) the rows of such files merged, every row kept with its epoch;
   *base* files (``base/c<epoch>-*``) hold the live rows as of compaction epoch
   ``c``; both are sorted by ``(_vnode, pk)`` and carry min/max statistics on
   ``_vnode``, ``_epoch`` and the first key column, so range reads prune files.
@@ -14,7 +15,8 @@ Invariants:
   written (a small Δ is brought to the driver as Arrow and written there, a large
   one by the executors), and the epoch reads its Δ back from the written files (a
   plan of one leaf, nothing cached). An empty Δ commits nothing.
-- Compaction swaps all files for new base files in one Delta commit.
+- Compaction swaps all files for new base files (a fold), or the log files for
+  one log file of the same rows (a merge), in one Delta commit.
 - Every file written is registered as pending before Spark writes it, so a crash
   leaves nothing that recovery cannot find and remove.
 """
@@ -67,6 +69,9 @@ KEY_VALUES = 10_000
 #: written there (still one Spark job, without Spark's file-commit protocol, which
 #: costs more than the rows of a small Δ); a larger one is written by the executors
 LOCAL_WRITE_ROWS = 20_000
+#: a log of at most this many rows that has too many files is merged into one log
+#: file on the driver (every row kept); a larger log is folded into base
+MERGE_LOG_ROWS = 100_000
 LIVE_OPS = ("+", "U+")
 BEFORE_OPS = ("-", "U-")
 OPS = ("+", "-", "U-", "U+")
@@ -607,15 +612,45 @@ class RelationStore:
                 app_transactions=[Transaction(APP_ID, epoch, now_ms)]))
         return self._committed_version(rel)
 
-    def needs_compaction(self, rel: StoredRelation, epoch: int) -> bool:
+    def compaction_due(self, rel: StoredRelation, epoch: int) -> str | None:
+        """What the relation's files as of committed ``epoch`` need: ``"fold"`` (its
+        log into base: the log holds many rows against the base), ``"merge"`` (its
+        log's many small files into one: an epoch's file each, and each file is a
+        task and a footer read for every read of the relation), or None."""
         files = self.files_at(rel, epoch)
         log = [f for f in files if f.kind == "log"]
         if not log:
-            return False
+            return None
         log_rows = sum(f.rows for f in log)
         base_rows = sum(f.rows for f in files if f.kind == "base")
-        return len(log) >= self.max_log_files or log_rows > max(
-            self.min_compact_rows, self.log_fraction * base_rows)
+        if log_rows > max(self.min_compact_rows, self.log_fraction * base_rows):
+            return "fold"
+        if len(log) < self.max_log_files:
+            return None
+        return "merge" if log_rows <= MERGE_LOG_ROWS else "fold"
+
+    def merge_log(self, rel: StoredRelation, epoch: int) -> int:
+        """Merge the log files as of committed ``epoch`` into one log file, on the
+        driver, in one Delta commit that removes the files it merged. Every row is
+        kept with its ``_epoch`` and ``_op``: a snapshot as of any epoch, and the log
+        store's reads between epochs, see the same rows as before (a base is not
+        rewritten: the cost is the log's rows, not the relation's)."""
+        version = self.meta.version_at(rel.id, epoch)
+        assert version is not None
+        log = [f for f in self.files(rel, version) if f.kind == "log"]
+        schema = physical_arrow_schema(rel.columns)
+        rows = pa.concat_tables([self.warehouse.read_parquet(f.uri).select(schema.names)
+                                 .cast(schema) for f in log])
+        subdir = f"log/m{epoch:010d}-{uuid.uuid4().hex[:8]}"
+        actions, _ = self._write_arrow(rel, rows, subdir, None)
+        dt = self._table(rel)
+        sizes = {a["path"]: int(a["size_bytes"])
+                 for a in pa.table(dt.get_add_actions(flatten=True))
+                 .select(["path", "size_bytes"]).to_pylist()}
+        now_ms = int(time.time() * 1000)
+        actions += [RemoveAction(f.path, False, now_ms, sizes.get(f.path)) for f in log]
+        dt.create_write_transaction(actions, mode="append", schema=dt.schema())
+        return self._record_rewrite(rel, epoch, subdir, log)
 
     def compact(self, rel: StoredRelation, epoch: int, live_rows: int) -> int:
         """Fold log into base as of committed ``epoch`` in one Delta commit. A log that
@@ -644,10 +679,17 @@ class RelationStore:
             actions = self._write_files(rel, snap, subdir, live_rows)
         dt = self._table(rel)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
+        return self._record_rewrite(rel, epoch, subdir, old_files)
+
+    def _record_rewrite(self, rel: StoredRelation, epoch: int, subdir: str,
+                        replaced: Sequence[DataFile]) -> int:
+        """After a compaction's commit: committed ``epoch`` reads the new version, the
+        ``replaced`` files wait for vacuum, the written ``subdir`` is no longer
+        pending. Returns the new version."""
         new_version = self._committed_version(rel)
         with self.meta.transaction() as conn:
             self.meta.set_version(conn, rel.id, epoch, new_version)
-            self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in old_files])
+            self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in replaced])
             conn.execute("DELETE FROM pending_dirs WHERE dir = ?",
                          (f"{self.path(rel)}/{subdir}",))
         return new_version

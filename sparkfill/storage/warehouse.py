@@ -241,6 +241,12 @@ class Warehouse:
         pq.write_table(table, path, filesystem=self.fs, compression="snappy")
         return self.size(uri)
 
+    def read_parquet(self, uri: str) -> pa.Table:
+        """One Parquet file's rows."""
+        if self.local_path is not None:
+            return pq.read_table(self.fs_path(uri))
+        return pq.read_table(self.fs_path(uri), filesystem=self.fs)
+
     def parquet_metadata(self, uri: str) -> pq.FileMetaData:
         with self.fs.open_input_file(self.fs_path(uri)) as fh:
             return pq.ParquetFile(fh).metadata
