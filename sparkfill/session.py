@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 __all__ = ["build_spark_session", "default_parallelism_of", "quiet_python_loggers",
-           "quiet_conf", "SESSION_CONF", "RUNTIME_CONF", "LOGS_ENV", "REMOTE_ENV"]
+           "driver_conf", "SESSION_CONF", "RUNTIME_CONF", "LOGS_ENV", "REMOTE_ENV"]
 
 #: Settings applied to every session sparkfill builds.
 SESSION_CONF: dict[str, str] = {
@@ -112,7 +112,7 @@ def build_spark_session(
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(max(1, cores)))
     )
-    for key, value in {**SESSION_CONF, **quiet_conf(), **(extra_conf or {})}.items():
+    for key, value in {**SESSION_CONF, **driver_conf(), **(extra_conf or {})}.items():
         builder = builder.config(key, str(value))
     quiet_python_loggers()
     return builder.getOrCreate()
@@ -122,12 +122,21 @@ def build_spark_session(
 LOGS_ENV = "SPARKFILL_SPARK_LOGS"
 
 
-def quiet_conf() -> dict[str, str]:
-    """The driver JVM logs errors only (read at its start: no start-up warnings)."""
-    if os.environ.get(LOGS_ENV) == "1":
-        return {}
-    config = Path(__file__).with_name("log4j2-quiet.properties")
-    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{config}"}
+#: the driver JVM's garbage collector: an epoch is many short queries planned on the
+#: driver (and, locally, run there); the throughput collector leaves both cores to
+#: them where G1's concurrent threads compete (measured: steady `agg` epochs 0.8-0.95x
+#: in paired runs, bench/RESULTS.md "Stop 31")
+DRIVER_GC = "-XX:+UseParallelGC"
+
+
+def driver_conf() -> dict[str, str]:
+    """The driver JVM's options: its collector, and it logs errors only (read at its
+    start: no start-up warnings) unless ``$SPARKFILL_SPARK_LOGS`` is 1."""
+    options = [DRIVER_GC]
+    if os.environ.get(LOGS_ENV) != "1":
+        config = Path(__file__).with_name("log4j2-quiet.properties")
+        options.append(f"-Dlog4j2.configurationFile=file:{config}")
+    return {"spark.driver.extraJavaOptions": " ".join(options)}
 
 
 def quiet_python_loggers() -> None:

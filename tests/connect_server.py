@@ -19,7 +19,7 @@ from pathlib import Path
 import pyspark
 from helpers import free_port
 
-from sparkfill.session import SESSION_CONF, quiet_conf
+from sparkfill.session import SESSION_CONF, driver_conf
 
 #: set to 1 to run the session fixture against a Spark Connect server
 CONNECT_ENV = "SPARKFILL_TEST_CONNECT"
@@ -49,7 +49,7 @@ class ConnectServer:
             "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
             "spark.default.parallelism": "2",
             "spark.driver.memory": "2g",
-            **quiet_conf(),  # the server's JVM logs errors only, as a local session's
+            **driver_conf(),  # the server's JVM as a local session's driver
         }
         cmd = [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS,
                "--name", "sparkfill-tests-connect", "--master", "local[2]"]
