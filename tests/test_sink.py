@@ -35,7 +35,18 @@ def _app(eng, name: str) -> str:
 @pytest.mark.connect
 def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
     eng = engine
-    eng.store.max_log_files = 3  # compact often: syncs after a compaction rewrite everything
+    # compact often, both ways: a merge of the MV's log files keeps its changes (the
+    # sync rewrites the touched buckets), a fold into base drops them (it rewrites all)
+    eng.store.max_log_files, eng.store.min_compact_rows, eng.store.log_fraction = 2, 200, 0.0
+    compactions: list[str] = []
+
+    def counted(kind, run):
+        def wrapper(*args):
+            compactions.append(kind)
+            return run(*args)
+        return wrapper
+    eng.store.merge_log = counted("merge", eng.store.merge_log)
+    eng.store.compact = counted("fold", eng.store.compact)
     paths: list[str] = []
     original = eng.sinks._touched_vnodes
 
@@ -75,6 +86,7 @@ def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
         synced.append(rep.epoch)
     assert len(synced) >= 3, synced
     assert {"full", "buckets"} <= set(paths), paths  # both ways of syncing were checked
+    assert {"merge", "fold"} <= set(compactions), compactions
     assert eng.sql("SHOW SINKS").collect()[0].epoch == eng.committed_epoch
 
     # every version is the MV at the epoch it records
