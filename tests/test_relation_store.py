@@ -211,6 +211,53 @@ def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
     assert st_.compaction_due(rel, 9) == "fold"
 
 
+@pytest.mark.parametrize("writer", ["driver", "executors"])
+def test_a_merged_log_keeps_every_column_type(writer, tmp_path: Path, spark, monkeypatch):
+    """The merge reads the log files on the driver (pyarrow) and writes them again:
+    every column type, as the driver or Spark's executors wrote it, reads back the
+    same at every epoch."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import sparkfill.storage.relation_store as relation_store
+
+    if writer == "executors":
+        monkeypatch.setattr(relation_store, "LOCAL_WRITE_ROWS", -1)
+    types = ["tinyint", "smallint", "int", "float", "double", "boolean", "date", "timestamp",
+             "timestamp_ntz", "decimal(12,3)", "decimal(30,5)", "string"]
+    columns = (Column("id", "bigint", False),
+               *[Column(f"c{i}", t) for i, t in enumerate(types)])
+    meta = MetaStore(tmp_path / "meta.sqlite")
+    st_ = RelationStore(spark, Warehouse(tmp_path), meta, max_log_files=3,
+                        min_compact_rows=10**9)
+    rel = StoredRelation(1, "r", "000001-r", columns, KEY)
+    st_.create(rel.dir, columns)
+    with meta.transaction() as conn:
+        meta.set_version(conn, rel.id, 0, 0)
+    schema = ", ".join([f"{c.name} {c.type}" for c in columns] + ["_op string"])
+    for epoch in range(1, 5):
+        rows = [(k * 10 + epoch, k, 300 + k, -k, 1.5 * k, k / 3, k % 2 == 0,
+                 dt.date(2020, 1, k + 1), dt.datetime(2021, 2, 3, 4, 5, k, tzinfo=dt.UTC),
+                 dt.datetime(2022, 1, 1, 0, 0, k), Decimal(f"{k}.125"),
+                 Decimal(f"123456789012345.{k}"), None if k == 3 else f"s{k}", "+")
+                for k in range(5)]
+        delta = spark.createDataFrame(rows, schema).withColumn(VNODE, vnode_expr(["id"])) \
+            .select(*[c.name for c in columns], VNODE, OP)
+        written = st_.append(rel, epoch, delta, len(rows))
+        meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: written.version}, {}, [], [],
+                                      0))
+
+    def snap(epoch):
+        return sorted(tuple(r) for r in st_.snapshot(rel, epoch).collect())
+
+    before = {epoch: snap(epoch) for epoch in range(1, 5)}
+    assert st_.compaction_due(rel, 4) == "merge"
+    st_.merge_log(rel, 4)
+    assert all(f.path.startswith("log/m") for f in st_.files_at(rel, 4))
+    assert {epoch: snap(epoch) for epoch in range(1, 5)} == before
+    meta.close()
+
+
 def test_a_log_that_is_already_a_base_is_adopted_without_a_rewrite(store, spark):
     """Compaction of a relation first filled by one epoch (only inserts: its log is
     its live rows) links the log files under base/ instead of rewriting them (no
