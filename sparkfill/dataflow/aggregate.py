@@ -23,7 +23,7 @@ from ..sql.planner import GROUP_KEY, GROUP_OF_ROW, GROUP_ROWS, AggSpec, MvPlan, 
 from ..storage.catalog import Relation
 from ..storage.keyrange import values_in
 from ..storage.relation_store import Appended, RelationStore
-from ..storage.schema import OP, quoted, vnode_expr
+from ..storage.schema import OP, names_sql, quoted, vnode_expr
 from .change import StateDelta, apply_delta, may_retract
 from .changelog import AFTER, BEFORE, changelog_of_pairs, consolidate, image_sql
 from .keys import (
@@ -70,8 +70,8 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
         # a global aggregate: one partition, always one row (before HAVING)
         if delta is None and not initial:
             return None
-        old = store.snapshot(mv.stored, epoch - 1).select(*names)
-        state = store.snapshot(agg_state.stored, epoch - 1).select(*cols)
+        old = store.snapshot(mv.stored, epoch - 1).selectExpr(*names_sql(names))
+        state = store.snapshot(agg_state.stored, epoch - 1).selectExpr(*names_sql(cols))
         new_input = state if delta is None else apply_delta(state, delta, agg_state)
         return consolidate(old, evaluate(mv, plan, new_input), names, mv.key)
     if written is None:
@@ -83,7 +83,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
                              touched_partitions([written], GROUP_OF_ROW),
-                             vnodes=written.vnodes).select(*cols)
+                             vnodes=written.vnodes).selectExpr(*names_sql(cols))
     new_input = apply_delta(old_input, delta, agg_state)
     return consolidate(evaluate(mv, plan, old_input),
                        evaluate(mv, plan, new_input), names, mv.key)
@@ -183,7 +183,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         cols = [c.name for c in agg_state.columns]
         old_input = store.lookup(agg_state.stored, epoch - 1, groups,
                                  vnodes=sorted({v for _, v in lost_groups})
-                                 ).select(*cols)
+                                 ).selectExpr(*names_sql(cols))
         in_groups = values_in(GROUP_OF_ROW, groups)
         assert in_groups is not None  # JSON strings
         new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
@@ -198,7 +198,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                   *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
     new_values = joined.selectExpr(GROUP_OF_ROW, *[q(g) for g in spec.group],
                                    *new_values_sql(bool(lost_groups)), BEFORE
-                                   ).select(*value_cols)
+                                   ).selectExpr(*names_sql(value_cols))
     # a group's change: its old row (the before-image) against its new values
     # (none when its last row left); one projection over every touched group, so
     # the plan above computes them once

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
-from ..storage.relation_store import LIVE_OPS, Appended, retracts
-from ..storage.schema import OP
+from ..storage.relation_store import IS_LIVE, Appended, retracts
+from ..storage.schema import names_sql
 from .changelog import after_images, before_images
 
 __all__ = ["Change", "change_of", "Emit", "Deferred", "StateDelta", "may_retract", "WEIGHT",
@@ -40,7 +39,9 @@ def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
     """A relation's consolidated changelog as a ``Change`` over ``columns``."""
     if delta is None:
         return None
-    return Change(before_images(delta).select(*columns), after_images(delta).select(*columns))
+    picked = names_sql(columns)
+    return Change(before_images(delta).selectExpr(*picked),
+                  after_images(delta).selectExpr(*picked))
 
 
 @dataclass(frozen=True)
@@ -82,27 +83,24 @@ class Emit(Protocol):
 WEIGHT = "_sf_w"
 
 
-def _weight() -> SparkColumn:
-    """A changelog row's weight: +1 for an after-image, -1 for a before-image."""
-    return F.when(F.col(OP).isin(*LIVE_OPS), F.lit(1)).otherwise(F.lit(-1))
-
-
 def signed(delta: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """A changelog's rows with their weight."""
-    return delta.select(*columns, _weight().alias(WEIGHT))
+    """A changelog's rows with their weight: +1 for an after-image, -1 for a
+    before-image."""
+    return delta.selectExpr(*names_sql(columns),
+                            f"CASE WHEN {IS_LIVE} THEN 1 ELSE -1 END AS {WEIGHT}")
 
 
 def net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
     """A signed change summed per distinct row: what remains with weight -1 leaves,
     with +1 arrives (a set-keyed relation's change nets to -1, 0 or +1 per row)."""
     net = rows.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
-    return Change(net.where(F.col(WEIGHT) < 0).select(*columns),
-                  net.where(F.col(WEIGHT) > 0).select(*columns))
+    return Change(net.where(F.col(WEIGHT) < 0).selectExpr(*names_sql(columns)),
+                  net.where(F.col(WEIGHT) > 0).selectExpr(*names_sql(columns)))
 
 
 def apply_delta(rows: DataFrame, delta: DataFrame, state: Relation) -> DataFrame:
     """A state's ``rows`` with its ``delta`` applied: the old rows of the keys the Δ
     touches leave, their after-images arrive."""
     cols = [c.name for c in state.columns]
-    return rows.join(delta.select(*state.key), list(state.key), "left_anti") \
-        .unionByName(after_images(delta).select(*cols))
+    return rows.join(delta.selectExpr(*names_sql(state.key)), list(state.key), "left_anti") \
+        .unionByName(after_images(delta).selectExpr(*names_sql(cols)))

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..storage.relation_store import BEFORE_OPS, LIVE_OPS
-from ..storage.schema import EPOCH, OP, VNODE, quoted, vnode_sql
+from ..storage.relation_store import BEFORE_OPS, IS_BEFORE, IS_LIVE, LIVE_OPS
+from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
            "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes",
@@ -37,16 +37,16 @@ def touched_vnodes(keys: DataFrame) -> list[int]:
 
 def before_images(delta: DataFrame) -> DataFrame:
     """Rows as they were before the change (from ``-`` and ``U-``)."""
-    return delta.where(F.col(OP).isin(*BEFORE_OPS)).drop(OP)
+    return delta.where(IS_BEFORE).drop(OP)
 
 
 def after_images(delta: DataFrame) -> DataFrame:
     """Rows as they are after the change (from ``+`` and ``U+``)."""
-    return delta.where(F.col(OP).isin(*LIVE_OPS)).drop(OP)
+    return delta.where(IS_LIVE).drop(OP)
 
 
 def touched_keys(delta: DataFrame, key: Sequence[str]) -> DataFrame:
-    return delta.select(*key).distinct()
+    return delta.selectExpr(*names_sql(key)).distinct()
 
 
 def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
@@ -124,4 +124,4 @@ def span_change(log_rows: DataFrame, columns: Sequence[str],
               .withColumn("_sf_last", F.row_number().over(last)))
     before = ranked.where((F.col("_sf_first") == 1) & F.col(OP).isin(*BEFORE_OPS))
     after = ranked.where((F.col("_sf_last") == 1) & F.col(OP).isin(*LIVE_OPS))
-    return before.select(*columns), after.select(*columns)
+    return before.selectExpr(*names_sql(columns)), after.selectExpr(*names_sql(columns))

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
+from ..storage.schema import names_sql
 from ..storage.spark_files import ONE_TASK_ROWS
 from .change import WEIGHT, Change, Emit, StateDelta, apply_delta, net_change, signed
 from .changelog import consolidate, union_all
@@ -77,11 +78,11 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
     for side, state in enumerate(states):
         leaf_cols = [c.name for c in leaves[side].columns]
         old = (store.lookup(state.stored, epoch - 1, keys, vnodes=vnodes)
-               .select(*[c.name for c in state.columns]))
+               .selectExpr(*names_sql(c.name for c in state.columns)))
         mine = written[side]
         new = old if mine is None else apply_delta(old, mine.delta, state)
-        olds.append(old.select(*leaf_cols))
-        news.append(new.select(*leaf_cols))
+        olds.append(old.selectExpr(*names_sql(leaf_cols)))
+        news.append(new.selectExpr(*names_sql(leaf_cols)))
     return Change(project(plan, olds), project(plan, news))
 
 
@@ -101,7 +102,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         other = 1 - side
         state = states[other]
         state_cols = [c.name for c in state.columns]
-        rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY).select(*state_cols)
+        rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY).selectExpr(
+            *names_sql(state_cols))
         theirs = written[other]
         if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
             rows = apply_delta(rows, theirs.delta, state)

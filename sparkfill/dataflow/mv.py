@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from ..sql.planner import MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
+from ..storage.schema import names_sql
 from . import aggregate, join, project, topn, union, window
 from .change import Change, Emit, StateDelta
 from .changelog import consolidate
@@ -88,8 +89,8 @@ class MvDataflow:
             return result
         if plan.agg is None:
             if rows is not None:
-                result.delta = consolidate(rows.before.select(*names),
-                                           rows.after.select(*names), names, mv.key)
+                result.delta = consolidate(rows.before.selectExpr(*names_sql(names)),
+                                           rows.after.selectExpr(*names_sql(names)), names, mv.key)
             return result
         written = None if rows is None else self._emit_stage_input(
             plan, states[-1], rows, emit, rows_hint,

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..sql.planner import MvPlan
+from ..storage.schema import names_sql, quoted
 from .change import Change
 
 __all__ = ["filter_project", "project", "row_change"]
@@ -23,8 +24,8 @@ def filter_project(df: DataFrame, where: str | None,
     """``SELECT sql AS name, ..., keep FROM df [WHERE where]`` from a plan's strings."""
     if where:
         df = df.where(F.expr(where))
-    return df.select(*[F.expr(sql).alias(name) for name, sql in rows],
-                     *[F.col(c) for c in keep])
+    return df.selectExpr(*[f"{sql} AS {quoted(name)}" for name, sql in rows],
+                         *names_sql(keep))
 
 
 def project(plan: MvPlan, inputs: Sequence[DataFrame], keep: Sequence[str] = (),

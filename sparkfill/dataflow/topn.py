@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame
 
 from ..storage.catalog import Relation
 from ..storage.relation_store import RelationStore
-from ..storage.schema import quoted
+from ..storage.schema import names_sql, quoted
 from .change import apply_delta
 from .changelog import consolidate
 from .project import project
@@ -31,7 +31,7 @@ def top_n(store: RelationStore, mv: Relation, leaf: Relation, leaf_delta: DataFr
     spec = plan.topn
     names = [c.name for c in mv.columns]
     cols = [c.name for c in leaf.columns]
-    rows = store.snapshot(leaf.stored, epoch - 1).select(*cols)
+    rows = store.snapshot(leaf.stored, epoch - 1).selectExpr(*names_sql(cols))
     if leaf_delta is not None:
         rows = apply_delta(rows, leaf_delta, leaf)
     order = [f"{quoted(c)} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}"
@@ -40,6 +40,6 @@ def top_n(store: RelationStore, mv: Relation, leaf: Relation, leaf_delta: DataFr
     ranked = project(plan, [rows]).selectExpr(
         "*", f"row_number() OVER (ORDER BY {', '.join(order)}) AS _sf_rank")
     new = ranked.where(f"_sf_rank > {spec.offset} AND _sf_rank <= "
-                       f"{spec.offset + spec.limit}").select(*names)
-    old = store.snapshot(mv.stored, epoch - 1).select(*names)
+                       f"{spec.offset + spec.limit}").selectExpr(*names_sql(names))
+    old = store.snapshot(mv.stored, epoch - 1).selectExpr(*names_sql(names))
     return consolidate(old, new, names, mv.key)

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 
 from ..sql.planner import MvPlan
 from ..storage.catalog import Relation
+from ..storage.schema import names_sql
 from .change import Change
 from .changelog import consolidate, union_all
 from .project import filter_project
@@ -35,4 +36,5 @@ def union_delta(mv: Relation, plan: MvPlan, changes: Sequence[Change | None],
         return None
     before = union_all([project_branch(plan, i, c.before) for i, c in moved])
     after = union_all([project_branch(plan, i, c.after) for i, c in moved])
-    return consolidate(before.select(*names), after.select(*names), names, mv.key)
+    picked = names_sql(names)
+    return consolidate(before.selectExpr(*picked), after.selectExpr(*picked), names, mv.key)

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from ..sql.planner import WINDOW_PART, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
-from ..storage.schema import quoted
+from ..storage.schema import names_sql, quoted
 from .change import apply_delta
 from .changelog import consolidate
 from .keys import group_json_sql, touched_partitions
@@ -43,11 +43,11 @@ def window_change(store: RelationStore, mv: Relation, plan: MvPlan, state: Relat
     cols = [c.name for c in state.columns]
     touched = touched_partitions([written], WINDOW_PART)
     old_input = store.lookup(state.stored, epoch - 1, touched,
-                             vnodes=written.vnodes).select(*cols)
+                             vnodes=written.vnodes).selectExpr(*names_sql(cols))
     new_input = apply_delta(old_input, written.delta, state)
     names = [c.name for c in mv.columns]
     old = store.lookup(mv.stored, epoch - 1, touched,
-                       vnodes=written.vnodes).select(*names)
+                       vnodes=written.vnodes).selectExpr(*names_sql(names))
     return consolidate(old, evaluate_window(mv, plan, new_input), names, mv.key,
                        (WINDOW_PART,))
 
@@ -59,4 +59,4 @@ def evaluate_window(mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
     outputs = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}"
                for name, sql in plan.window.outputs]
     return rows.selectExpr(*outputs, WINDOW_PART, *[quoted(k) for k in plan.row_key]
-                           ).select(*[c.name for c in mv.columns])
+                           ).selectExpr(*names_sql(c.name for c in mv.columns))

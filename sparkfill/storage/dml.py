@@ -32,7 +32,7 @@ from .catalog import Relation
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, RelationStore
-from .schema import VNODE, arrow_type, quoted, spark_type, vnode_expr, vnodes_of
+from .schema import VNODE, arrow_type, names_sql, quoted, spark_type, vnode_expr, vnodes_of
 from .spark_files import read_parquet, write_parquet
 from .warehouse import Warehouse
 
@@ -206,7 +206,8 @@ class DmlStager:
         if isinstance(rows, DataFrame):
             batch = self._spark_batch(rel, rows, kind).withColumn(SEQ, F.lit(seq).cast("long"))
             path = f"{self.dir}/{name}"
-            written = write_parquet(batch.select(*_stage_struct(rel).fieldNames()), wh, path, [])
+            written = write_parquet(
+                batch.selectExpr(*names_sql(_stage_struct(rel).fieldNames())), wh, path, [])
             count = sum(f.rows for f in written)
         else:
             table = self._arrow_batch(rel, rows, kind)
@@ -282,7 +283,7 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     # of those, for a batch of at most LOOKUP_KEYS keys, only the files whose key range
     # holds one (new keys above the table's range read nothing); keys the driver
     # staged are known from the files' footers, the others found by a job
-    keys = latest.select(*key)
+    keys = latest.selectExpr(*names_sql(key))
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
     known = _staged_first_keys(store.warehouse, files) if single else None
@@ -303,13 +304,13 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
         old = store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
-                           first_keys=first_keys).select(*cols)
+                           first_keys=first_keys).selectExpr(*names_sql(cols))
     else:
         old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
                              vnode_rows=False).join(
-            F.broadcast(keys), key, "left_semi").select(*cols)
+            F.broadcast(keys), key, "left_semi").selectExpr(*names_sql(cols))
         store.spark_jobs += 1  # the broadcast of the keys
-    new = latest.where(F.col(KIND) == UPSERT).select(*cols)
+    new = latest.where(F.col(KIND) == UPSERT).selectExpr(*names_sql(cols))
     if rel.proctime is not None:
         if proctime_us is None:
             raise ValueError(f"table {rel.name!r} has a processing-time column: the epoch's "

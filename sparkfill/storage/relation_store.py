@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame, Observation, SparkSession, Window
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -51,6 +51,7 @@ from .schema import (
     OP,
     VNODE,
     Column,
+    names_sql,
     physical_arrow_schema,
     physical_struct,
     quoted,
@@ -59,7 +60,8 @@ from .spark_files import WrittenFile, empty_frame, parquet_stats, read_parquet, 
 from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
-           "BEFORE_OPS", "OPS", "KEY_VALUES", "LOCAL_WRITE_ROWS", "retracts"]
+           "BEFORE_OPS", "OPS", "IS_LIVE", "IS_BEFORE", "KEY_VALUES", "LOCAL_WRITE_ROWS",
+           "retracts"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -75,6 +77,10 @@ MERGE_LOG_ROWS = 100_000
 LIVE_OPS = ("+", "U+")
 BEFORE_OPS = ("-", "U-")
 OPS = ("+", "-", "U-", "U+")
+#: the same as SQL conditions (one Py4J round trip, where a Column built in Python
+#: is several per value)
+IS_LIVE = f"{OP} IN ('+', 'U+')"
+IS_BEFORE = f"{OP} IN ('-', 'U-')"
 
 
 def retracts(counts: dict[str, int]) -> bool:
@@ -323,7 +329,7 @@ class RelationStore:
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
         base_rows = self._read(rel, base, bulk).where(cond)
-        base_df = base_rows.select(*out_cols)
+        base_df = base_rows.selectExpr(*names_sql(out_cols))
         if not log:
             return base_df
         log_df = self._read(rel, log, bulk).where(
@@ -333,11 +339,13 @@ class RelationStore:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
         latest = latest_per_key(log_df, list(rel.key))
+        live = latest.where(IS_LIVE).selectExpr(*names_sql(out_cols))
         if not base or few:
-            return latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols)
-        unchanged = base_df.join(F.broadcast(latest.select(*rel.key)), list(rel.key), "left_anti")
+            return live
+        unchanged = base_df.join(F.broadcast(latest.selectExpr(*names_sql(rel.key))),
+                                 list(rel.key), "left_anti")
         self.spark_jobs += 1  # the broadcast, when the read runs
-        return unchanged.unionByName(latest.where(F.col(OP).isin(*LIVE_OPS)).select(*out_cols))
+        return unchanged.unionByName(live)
 
     def lookup(self, rel: StoredRelation, epoch: int, keys: Sequence[Any] | DataFrame,
                vnodes: Sequence[int] | None = None,
@@ -583,7 +591,7 @@ class RelationStore:
         a state read)."""
         return (read_parquet(self.spark, self.warehouse, physical_struct(rel.columns), uris,
                              rows)
-                .select(*rel.column_names, VNODE, OP))
+                .selectExpr(*names_sql([*rel.column_names, VNODE, OP])))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
                       rows: int, tag: str) -> list[dict[str, Any]]:
@@ -767,10 +775,10 @@ def _is_base_of(files: Sequence[DataFile], epoch: int, live_rows: int) -> bool:
 
 def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
     """The last change of each key: highest epoch, and ``U+`` after ``U-``."""
-    rank = F.when(F.col(OP) == "U-", F.lit(0)).otherwise(F.lit(1))
-    w = Window.partitionBy(*key).orderBy(F.col(EPOCH).desc(), rank.desc())
-    return (log_df.withColumn("_sf_rn", F.row_number().over(w))
-            .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+    order = f"{EPOCH} DESC, CASE WHEN {OP} = 'U-' THEN 0 ELSE 1 END DESC"
+    rank = (f"row_number() OVER (PARTITION BY {', '.join(names_sql(key))} ORDER BY {order})"
+            " AS _sf_rn")
+    return log_df.selectExpr("*", rank).where("_sf_rn = 1").drop("_sf_rn")
 
 
 def _delta_metrics(key_column: str | None = None) -> list[Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -27,6 +27,7 @@ from ..errors import SqlError
 __all__ = [
     "Column",
     "quoted",
+    "names_sql",
     "vnode_sql",
     "VNODE",
     "EPOCH",
@@ -211,6 +212,13 @@ def vnodes_of(values: Sequence[Any], type_name: str) -> list[int] | None:
 def quoted(name: str) -> str:
     """A column name as a SQL identifier (backquoted)."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def names_sql(names: Iterable[str]) -> list[str]:
+    """Column names as SQL identifiers, for ``df.selectExpr(*names_sql(names))``: a
+    classic session converts a select of name strings column by column (about three
+    Py4J round trips each), a list of SQL texts as one list (one per name)."""
+    return [quoted(n) for n in names]
 
 
 # --- key values persisted in progress -----------------------------------------------------
