@@ -58,6 +58,23 @@ def _commit(store, meta, rel, epoch, rows, spark):
     return written.version
 
 
+def _random_changes(rng, model: dict[int, str], epoch: int, keys: range, n: int):
+    """``n`` random keys of ``keys`` changed in ``epoch`` as changelog rows, ``model``
+    (key -> value) brought up to date: a live key deleted (30%) or updated, a new
+    key inserted."""
+    rows = []
+    for k in rng.sample(keys, n):
+        if k in model and rng.random() < 0.3:
+            rows.append((k, model.pop(k), "-"))
+        elif k in model:
+            rows += [(k, model[k], "U-"), (k, f"{k}-{epoch}", "U+")]
+            model[k] = f"{k}-{epoch}"
+        else:
+            model[k] = f"{k}-{epoch}"
+            rows.append((k, model[k], "+"))
+    return rows
+
+
 def _snap(store, rel, epoch):
     return sorted((r.id, r.v) for r in store.snapshot(rel, epoch).collect())
 
@@ -123,18 +140,8 @@ def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
     model: dict[int, str] = {}
     history = {}
     for epoch in range(1, 7):
-        rows = []
-        for k in rng.sample(range(200), 60):
-            if k in model and rng.random() < 0.3:
-                rows.append((k, model.pop(k), "-"))
-            elif k in model:
-                new = f"{k}-{epoch}"
-                rows += [(k, model[k], "U-"), (k, new, "U+")]
-                model[k] = new
-            else:
-                model[k] = f"{k}-{epoch}"
-                rows.append((k, model[k], "+"))
-        _commit(st_, meta, rel, epoch, rows, spark)
+        _commit(st_, meta, rel, epoch, _random_changes(rng, model, epoch, range(200), 60),
+                spark)
         history[epoch] = sorted(model.items())
     before = st_.latest_version(rel)
     st_.compact(rel, 6, len(model))
@@ -163,17 +170,8 @@ def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
     base = {f.path for f in st_.files_at(rel, 1)}
     history = {1: sorted(model.items())}
     for epoch in range(2, 7):
-        rows = []
-        for k in rng.sample(range(320), 12):
-            if k in model and rng.random() < 0.3:
-                rows.append((k, model.pop(k), "-"))
-            elif k in model:
-                rows += [(k, model[k], "U-"), (k, f"{k}-{epoch}", "U+")]
-                model[k] = f"{k}-{epoch}"
-            else:
-                model[k] = f"{k}-{epoch}"
-                rows.append((k, model[k], "+"))
-        _commit(st_, meta, rel, epoch, rows, spark)
+        _commit(st_, meta, rel, epoch, _random_changes(rng, model, epoch, range(320), 12),
+                spark)
         history[epoch] = sorted(model.items())
 
     def log_rows(after, upto):

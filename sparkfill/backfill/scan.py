@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
 from ..storage.keyrange import END, LAST_VNODE, Position, le, position_struct
-from ..storage.relation_store import BEFORE_OPS, LIVE_OPS, RelationStore
+from ..storage.relation_store import IS_BEFORE, IS_LIVE, RelationStore
 from ..storage.schema import OP, VNODE
 from .state import (
     BackfillState,
@@ -166,10 +166,8 @@ class BackfillScan:
         bounds = df.groupBy(*key).agg(F.min("_sf_e").alias("_sf_first"),
                                       F.max("_sf_e").alias("_sf_last"))
         df = df.join(bounds, key)
-        first_before = df.where((F.col("_sf_e") == F.col("_sf_first"))
-                                & F.col(OP).isin(*BEFORE_OPS)).withColumn(OP, F.lit("-"))
-        last_after = df.where((F.col("_sf_e") == F.col("_sf_last"))
-                              & F.col(OP).isin(*LIVE_OPS)).withColumn(OP, F.lit("+"))
+        first_before = df.where(f"_sf_e = _sf_first AND {IS_BEFORE}").withColumn(OP, F.lit("-"))
+        last_after = df.where(f"_sf_e = _sf_last AND {IS_LIVE}").withColumn(OP, F.lit("+"))
         cols = [c.name for c in upstream.columns] + [VNODE, OP]
         return first_before.select(*cols).unionByName(last_after.select(*cols))
 

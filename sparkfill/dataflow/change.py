@@ -94,8 +94,9 @@ def net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
     """A signed change summed per distinct row: what remains with weight -1 leaves,
     with +1 arrives (a set-keyed relation's change nets to -1, 0 or +1 per row)."""
     net = rows.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
-    return Change(net.where(F.col(WEIGHT) < 0).selectExpr(*names_sql(columns)),
-                  net.where(F.col(WEIGHT) > 0).selectExpr(*names_sql(columns)))
+    picked = names_sql(columns)
+    return Change(net.where(F.col(WEIGHT) < 0).selectExpr(*picked),
+                  net.where(F.col(WEIGHT) > 0).selectExpr(*picked))
 
 
 def apply_delta(rows: DataFrame, delta: DataFrame, state: Relation) -> DataFrame:

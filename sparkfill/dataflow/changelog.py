@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..storage.relation_store import BEFORE_OPS, IS_BEFORE, IS_LIVE, LIVE_OPS
+from ..storage.relation_store import IS_BEFORE, IS_LIVE
 from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
@@ -122,6 +122,6 @@ def span_change(log_rows: DataFrame, columns: Sequence[str],
     last = Window.partitionBy(*key).orderBy(F.col(EPOCH).desc(), rank.desc())
     ranked = (log_rows.withColumn("_sf_first", F.row_number().over(first))
               .withColumn("_sf_last", F.row_number().over(last)))
-    before = ranked.where((F.col("_sf_first") == 1) & F.col(OP).isin(*BEFORE_OPS))
-    after = ranked.where((F.col("_sf_last") == 1) & F.col(OP).isin(*LIVE_OPS))
+    before = ranked.where(f"_sf_first = 1 AND {IS_BEFORE}")
+    after = ranked.where(f"_sf_last = 1 AND {IS_LIVE}")
     return before.selectExpr(*names_sql(columns)), after.selectExpr(*names_sql(columns))

@@ -79,8 +79,8 @@ BEFORE_OPS = ("-", "U-")
 OPS = ("+", "-", "U-", "U+")
 #: the same as SQL conditions (one Py4J round trip, where a Column built in Python
 #: is several per value)
-IS_LIVE = f"{OP} IN ('+', 'U+')"
-IS_BEFORE = f"{OP} IN ('-', 'U-')"
+IS_LIVE = f"{OP} IN {LIVE_OPS!r}"
+IS_BEFORE = f"{OP} IN {BEFORE_OPS!r}"
 
 
 def retracts(counts: dict[str, int]) -> bool:
@@ -114,6 +114,7 @@ class DataFile:
     uri: str
     rows: int
     kind: str  # "base" | "log"
+    size: int  # bytes
     vnode_min: int
     vnode_max: int
     epoch_min: int
@@ -242,6 +243,7 @@ class RelationStore:
                 path=a["path"],
                 uri=f"{table_path}/{a['path']}",
                 rows=int(a["num_records"] or 0),
+                size=int(a["size_bytes"]),
                 kind="base" if a["path"].startswith("base/") else "log",
                 vnode_min=int(_stat(a, "min", VNODE, 0)),
                 vnode_max=int(_stat(a, "max", VNODE, 255)),
@@ -652,11 +654,8 @@ class RelationStore:
         subdir = f"log/m{epoch:010d}-{uuid.uuid4().hex[:8]}"
         actions, _ = self._write_arrow(rel, rows, subdir, None)
         dt = self._table(rel)
-        sizes = {a["path"]: int(a["size_bytes"])
-                 for a in pa.table(dt.get_add_actions(flatten=True))
-                 .select(["path", "size_bytes"]).to_pylist()}
         now_ms = int(time.time() * 1000)
-        actions += [RemoveAction(f.path, False, now_ms, sizes.get(f.path)) for f in log]
+        actions += [RemoveAction(f.path, False, now_ms, f.size) for f in log]
         dt.create_write_transaction(actions, mode="append", schema=dt.schema())
         return self._record_rewrite(rel, epoch, subdir, log)
 
