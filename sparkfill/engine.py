@@ -70,6 +70,7 @@ from .sql.links import explain_chain, plan_chain
 from .sql.planner import (
     LeafInfo,
 )
+from .sql.ties import ranked_selection
 from .storage.catalog import Catalog, Relation, check_not_reserved
 from .storage.dml import DELETE, IDX, KIND, UPSERT, DmlStager
 from .storage.lock import AdvisoryLock, WriterLock
@@ -77,6 +78,7 @@ from .storage.meta_store import MetaStore, PgTarget, SourceRow, check_meta, open
 from .storage.metadata import explain_existing, show_rows, show_schema
 from .storage.relation_store import RelationStore
 from .storage.warehouse import Warehouse
+from .verify import differences
 
 __all__ = ["Engine"]
 
@@ -786,7 +788,10 @@ class Engine:
         """Recompute the MV's SQL as a batch query over its upstreams' snapshots at
         ``as_of`` (default: the committed epoch) and return the rows that differ:
         the MV's columns and ``side`` — "missing" (in the batch result, not in the
-        MV) or "extra" (in the MV, not in the batch result). Empty when exact."""
+        MV) or "extra" (in the MV, not in the batch result). Empty when exact.
+        Where the query keeps rows by position (``ORDER BY ... LIMIT``, a filter on
+        ``row_number()``), rows that tie at the limit may be any of the tied rows
+        (``sparkfill.verify``)."""
         rel = self.catalog.get(name)
         if rel.kind != "mv" or rel.sql is None:
             raise SqlError(f"{name!r} is not a materialized view")
@@ -794,10 +799,14 @@ class Engine:
         actual = self._snapshot(rel, epoch)
         tree = parse_statement(rel.sql)
         assert isinstance(tree, Query)
-        expected = self._query(tree, epoch).toDF(*actual.columns)
-        missing = expected.exceptAll(actual).withColumn("side", F.lit("missing"))
-        extra = actual.exceptAll(expected).withColumn("side", F.lit("extra"))
-        return missing.unionByName(extra)
+        expected = self._query(tree, epoch)
+        found = ranked_selection(tree.tree, rel.plan.topn if rel.plan is not None else None,
+                                 expected.columns, actual.columns)
+        if found is None:
+            return differences(actual, expected)
+        candidates, selection = found
+        return differences(actual, self._query(replace(tree, tree=candidates), epoch),
+                           selection)
 
     @_boundary
     def relation(self, name: str) -> Relation:
