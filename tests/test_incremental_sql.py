@@ -495,6 +495,18 @@ def test_explain_shows_operators_keys_and_state_tables(engine):
     with pytest.raises(Exception, match="x"):
         engine.relation("x")  # EXPLAIN creates nothing
 
+def test_an_aggregate_that_reads_no_column_is_planned(engine):
+    """An uncorrelated EXISTS over ``SELECT *`` is a one-row ``count(*)`` of a filtered
+    table: its row stage reads no column (its analysis once probed Spark with an
+    empty SELECT list and failed with Spark's parse error)."""
+    engine.sql(create_table_sql("t"))
+    engine.sql(DIM_SQL)
+    for query in ["SELECT id, g FROM t WHERE EXISTS (SELECT * FROM d WHERE w > 20)",
+                  "SELECT count(*) AS n FROM d WHERE w > 20"]:
+        text = engine.explain(f"CREATE MATERIALIZED VIEW x AS {query}")
+        assert any("HashAggregate" in ln and "COUNT(*)" in ln for ln in text.splitlines())
+
+
 
 def test_verify_is_empty_when_exact_and_reports_a_difference(engine, monkeypatch):
     engine.sql(create_table_sql("t"))

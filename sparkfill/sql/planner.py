@@ -597,7 +597,10 @@ def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
             views.append(view)
             tables.append(exp.Table(this=exp.to_identifier(view),
                                     alias=exp.TableAlias(this=exp.to_identifier(alias))))
-        probe = exp.select(*[i.copy() for i in items]).from_(tables[0])
+        # no items (a count(*) alone reads no column): probe a constant, for the errors
+        probe = exp.select(*([i.copy() for i in items]
+                             or [exp.alias_(exp.Literal.number(1), "_sf_probe")])
+                           ).from_(tables[0])
         for j, t in zip(select.args.get("joins") or [], tables[1:], strict=False):
             join = j.copy()
             join.set("this", t)
@@ -608,7 +611,8 @@ def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
             probe = probe.group_by(*[g.copy() for g in group])
         if having is not None:
             probe = probe.having(having.copy())
-        return spark.sql(probe.sql(dialect="spark")).schema
+        schema = spark.sql(probe.sql(dialect="spark")).schema
+        return schema if items else StructType([])
     finally:
         for view in views:
             spark.catalog.dropTempView(view)
