@@ -5,6 +5,9 @@
 #                 then the tests marked `connect` again against a Spark Connect server
 #   make lint   - ruff + mypy
 #   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
+#   make bench-nexmark - every Nexmark query created online and dropped one after another in
+#                 one warehouse whose history grows (1,000 events per epoch), each checked by
+#                 VERIFY at every epoch once created (appends to bench/RESULTS.md)
 #   make clean  - remove caches and generated warehouses (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -25,7 +28,7 @@ SHELL := /bin/bash
 WITH_JAVA = JAVA_HOME="$$(bash scripts/ensure_java.sh | tail -n 1)"; \
 	export JAVA_HOME; export PATH="$$JAVA_HOME/bin:$$PATH";
 
-.PHONY: demo test venv java lint bench clean distclean
+.PHONY: demo test venv java lint bench bench-nexmark clean distclean
 
 demo: venv
 	@$(WITH_JAVA) exec $(VPY) -m sparkfill.demo
@@ -60,6 +63,10 @@ lint: venv
 bench: venv
 	@$(WITH_JAVA) exec $(VPY) bench/backfill_bench.py
 	@$(WITH_JAVA) exec $(VPY) bench/steady_bench.py --out bench/RESULTS.md
+
+bench-nexmark: venv
+	@$(WITH_JAVA) exec $(VPY) bench/nexmark_bench.py --events 1000 --history 5 --epochs 2 \
+		--out bench/RESULTS.md
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import functions as F
+
 from sparkfill.errors import UnsupportedQuery
 
 #: runs a query as Spark batch over the engine's snapshots: (spark, eng, sql, epoch)
@@ -60,14 +62,25 @@ def measure(spark: Any, eng: Any, name: str, query: str, batch: Batch,
         eng.step()
         to_created += 1
     created_s = time.perf_counter() - start
-    checks = [eng.verify(name).count() == 0]
+    wrong: list[str] = []  # "epoch e: m missing, x extra" for each check that failed
+
+    def check() -> bool:
+        sides = {r["side"]: int(r["n"]) for r in
+                 eng.verify(name).groupBy("side").agg(F.count("*").alias("n")).collect()}
+        if sides:
+            wrong.append(f"epoch {eng.committed_epoch}: {sides.get('missing', 0)} missing, "
+                         f"{sides.get('extra', 0)} extra")
+            log(f"{name}: VERIFY differs at {wrong[-1]}")
+        return not sides
+
+    checks = [check()]
     steady = []
     for _ in range(epochs):
         before_epoch()
         t0 = time.perf_counter()
         eng.step()
         steady.append(time.perf_counter() - t0)
-        checks.append(eng.verify(name).count() == 0)
+        checks.append(check())
     batch_s = batch_seconds(spark, eng, batch, query, work)
     exact = all(checks)
     mv_rows = eng.read(name).count()
@@ -76,7 +89,8 @@ def measure(spark: Any, eng: Any, name: str, query: str, batch: Batch,
     steady_s = statistics.median(steady)
     row = (f"| {name} | {links} | {mv_rows:,} | {to_created} | {created_s:.1f} | "
            f"{batch_s:.2f} | {created_s / batch_s:.1f} | {steady_s:.2f} | "
-           f"{steady_s / batch_s:.2f} | {'yes' if exact else 'NO'} ({len(checks)}) |")
+           f"{steady_s / batch_s:.2f} | {'yes' if exact else 'NO: ' + '; '.join(wrong)} "
+           f"({len(checks)}) |")
     log(row)
     eng.sql(f"DROP MATERIALIZED VIEW {name}")
     return row
