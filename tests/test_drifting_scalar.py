@@ -165,8 +165,8 @@ def _drive(eng: Engine, spark, drift: Drift, early: dict[str, str], late: dict[s
                          ids=["arrangement", "no_shuffle-blocking", "snapshot-buffer"])
 def test_a_drifting_scalar_reevaluates_untouched_rows(spark, tmp_path, strategies):
     """HAVING and SELECT-list scalars created early with one strategy, WHERE and the
-    q102 shape created after a history with another (the next test creates every
-    shape late, HAVING and WHERE early too): exact at every epoch once created."""
+    q102 shape created after a history with another (the next test creates the
+    others late, HAVING and WHERE early): exact at every epoch once created."""
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
         drift = Drift(eng, seed=38)
@@ -179,8 +179,8 @@ def test_a_drifting_scalar_reevaluates_untouched_rows(spark, tmp_path, strategie
 
 
 def test_a_drifting_scalar_at_scale_after_a_long_history(spark, tmp_path, monkeypatch):
-    """Every shape with the default strategy, created after a history of most of a
-    sweep (HAVING and WHERE also before it), with
+    """Every shape but WHERE with the default strategy, created after a history of half
+    a sweep (HAVING and WHERE before it), with
     the engine's size thresholds lowered: its lookups are keyed reads, its writes the
     executors', its logs merged and folded while the MVs are created and after."""
     at_scale(monkeypatch)
@@ -191,7 +191,7 @@ def test_a_drifting_scalar_at_scale_after_a_long_history(spark, tmp_path, monkey
         drift.load()
         eng.step()
         _drive(eng, spark, drift, _named("early", ("having", "where")),
-               _named("late", tuple(QUERIES)),
-               ("arrangement",) * 2, history=len(SWEEP) * 2 // 3)
+               _named("late", tuple(q for q in QUERIES if q != "where")),
+               ("arrangement",) * 2, history=len(SWEEP) // 2)
     finally:
         eng.close()
