@@ -22,20 +22,47 @@ them keeps the same rows whatever the order of ties: they need none of this.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
-from ..verify import RankedSelection
 from .planner import TopNSpec
 from .sql_tree import conjuncts, from_of, has_star
 
-__all__ = ["ranked_selection"]
+__all__ = ["RankedSelection", "ranked_selection"]
 
 #: clauses that make a filter over a derived table more than a filter
 _OUTER_CLAUSES = ("joins", "group", "having", "qualify", "order", "limit", "offset",
                   "distinct", "windows")
+
+
+@dataclass(frozen=True)
+class RankedSelection:
+    """The rows at positions ``first..last`` (1-based; ``last`` None: no end) of each
+    partition in an order whose ties may come in any order."""
+
+    #: the columns whose values make a partition (none: one partition)
+    partition: tuple[str, ...]
+    #: (column, descending, nulls first)
+    order: tuple[tuple[str, bool, bool], ...]
+    first: int = 1
+    last: int | None = None
+    #: the column holding each row's position (``row_number()``), if the rows have it
+    position: str | None = None
+
+    def renamed(self, names: Mapping[str, str]) -> RankedSelection:
+        """The selection with every column renamed by ``names``."""
+        return RankedSelection(tuple(names[c] for c in self.partition),
+                               tuple((names[c], desc, nf) for c, desc, nf in self.order),
+                               self.first, self.last,
+                               None if self.position is None else names[self.position])
+
+    @property
+    def columns(self) -> set[str]:
+        """Every column the selection names."""
+        named = {*self.partition, *(c for c, _, _ in self.order)}
+        return named if self.position is None else named | {self.position}
 
 
 def ranked_selection(query: exp.Expr, topn: TopNSpec | None, output: Sequence[str],
