@@ -25,7 +25,7 @@ import sparkfill.storage.dml as dml_mod
 import sparkfill.storage.relation_store as relation_store_mod
 import sparkfill.storage.spark_files as spark_files_mod
 
-#: (module, constant) for each threshold, wherever the name is bound
+#: each threshold's name -> the modules that bind it (where it is defined and imported)
 THRESHOLDS: dict[str, list[Any]] = {
     "SCAN_ROWS": [keys_mod, aggregate_mod, join_mod],
     "ONE_TASK_ROWS": [spark_files_mod, join_mod],

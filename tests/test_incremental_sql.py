@@ -495,6 +495,7 @@ def test_explain_shows_operators_keys_and_state_tables(engine):
     with pytest.raises(Exception, match="x"):
         engine.relation("x")  # EXPLAIN creates nothing
 
+
 def test_an_aggregate_that_reads_no_column_is_planned(engine):
     """An uncorrelated EXISTS over ``SELECT *`` is a one-row ``count(*)`` of a filtered
     table: its row stage reads no column (its analysis once probed Spark with an
@@ -505,7 +506,6 @@ def test_an_aggregate_that_reads_no_column_is_planned(engine):
                   "SELECT count(*) AS n FROM d WHERE w > 20"]:
         text = engine.explain(f"CREATE MATERIALIZED VIEW x AS {query}")
         assert any("HashAggregate" in ln and "COUNT(*)" in ln for ln in text.splitlines())
-
 
 
 def test_verify_is_empty_when_exact_and_reports_a_difference(engine, monkeypatch):
