@@ -143,12 +143,15 @@ QUERIES: dict[str, str] = {
             "avg(price) AS avg_price, sum(price) AS sum_price FROM bid "
             "GROUP BY auction, date_format(date_time, 'yyyy-MM-dd')"),
     # the last bid of each bidder on each auction
+    # (q18 and q19 name the derived table's columns in a list, as Nexmark's suites do)
     "q18": ("SELECT auction, bidder, price, channel, url, date_time, extra FROM (SELECT *, "
             "row_number() OVER (PARTITION BY bidder, auction ORDER BY date_time DESC, id DESC) "
-            "AS rank_number FROM bid) b WHERE rank_number <= 1"),
+            "FROM bid) AS b (id, auction, bidder, price, channel, url, date_time, extra, "
+            "p_time, rank_number) WHERE rank_number <= 1"),
     # the ten highest bids of each auction
     "q19": ("SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY auction ORDER BY "
-            "price DESC, id) AS rank_number FROM bid) b WHERE rank_number <= 10"),
+            "price DESC, id) FROM bid) AS b (id, auction, bidder, price, channel, url, "
+            "date_time, extra, p_time, rank_number) WHERE rank_number <= 10"),
     # bids with their auction, in one category
     "q20": ("SELECT auction, bidder, price, channel, url, b.date_time AS bid_date_time, "
             "b.extra AS bid_extra, item_name, description, initial_bid, reserve, "

@@ -139,10 +139,10 @@ where o_orderkey = l_orderkey and l_shipmode in ('MAIL', 'SHIP')
   and l_receiptdate >= date '1994-01-01' and l_receiptdate < date '1994-01-01' + interval '1' year
 group by l_shipmode order by l_shipmode""",
     "q13": """select c_count, count(*) as custdist
-from (select c_custkey, count(o_orderkey) as c_count
+from (select c_custkey, count(o_orderkey)
       from customer left outer join orders on c_custkey = o_custkey
         and o_comment not like '%special%requests%'
-      group by c_custkey) as c_orders
+      group by c_custkey) as c_orders (c_custkey, c_count)
 group by c_count order by custdist desc, c_count desc""",
     "q14": """select 100.00 * sum(case when p_type like 'PROMO%'
     then l_extendedprice * (1 - l_discount) else 0 end)
@@ -150,8 +150,8 @@ group by c_count order by custdist desc, c_count desc""",
 from lineitem, part
 where l_partkey = p_partkey and l_shipdate >= date '1995-09-01'
   and l_shipdate < date '1995-09-01' + interval '1' month""",
-    "q15": """with revenue0 as (
-  select l_suppkey as supplier_no, sum(l_extendedprice * (1 - l_discount)) as total_revenue
+    "q15": """with revenue0 (supplier_no, total_revenue) as (
+  select l_suppkey, sum(l_extendedprice * (1 - l_discount))
   from lineitem where l_shipdate >= date '1996-01-01'
     and l_shipdate < date '1996-01-01' + interval '3' month
   group by l_suppkey)

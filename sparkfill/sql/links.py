@@ -290,9 +290,9 @@ def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: Colu
                    and s.find_ancestor(exp.Select) is rewritten]
         for i, sub in enumerate(derived, start=1):
             alias = sub.args.get("alias")
-            if alias is None or alias.args.get("columns"):
-                raise UnsupportedQuery("a subquery in FROM needs an alias without a column "
-                                       "list: (SELECT ...) AS name")
+            if alias is None:
+                raise UnsupportedQuery("a subquery in FROM needs an alias: (SELECT ...) AS "
+                                       "name")
             sub_name = f"{name}_sub{i}"
             sub_links, sub_planned = plan_chain(spark, sub_name, sub.this, link_columns,
                                                 resolve_link)

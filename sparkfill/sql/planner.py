@@ -98,10 +98,8 @@ _CLAUSES = {
     "laterals": "LATERAL VIEW",
     "windows": "WINDOW",
     # (a non-recursive CTE was inlined by ``rewrite_query``)
-    "with": "a recursive CTE (WITH RECURSIVE), or a CTE that names its columns "
-            "(WITH x(a, b) AS ...: alias them in its SELECT instead),",
-    "with_": "a recursive CTE (WITH RECURSIVE), or a CTE that names its columns "
-             "(WITH x(a, b) AS ...: alias them in its SELECT instead),",
+    "with": "a recursive CTE (WITH RECURSIVE)",
+    "with_": "a recursive CTE (WITH RECURSIVE)",
 }
 
 

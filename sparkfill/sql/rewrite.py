@@ -62,6 +62,7 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
 from ..errors import SqlError, UnsupportedQuery
+from .column_lists import name_columns
 from .sql_tree import (
     ColumnsOf,
     conjuncts,
@@ -80,9 +81,8 @@ __all__ = ["rewrite_query", "time_windows_to_derived", "session_windows_to_deriv
 def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Expr:
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
-    query = _merge_derived_tables(
-        session_windows_to_derived(time_windows_to_derived(_inline_ctes(query.copy()))),
-        columns_of)
+    query = _merge_derived_tables(session_windows_to_derived(time_windows_to_derived(
+        _inline_ctes(name_columns(query.copy(), columns_of)))), columns_of)
     _drop_order(query)
     query = _union_to_distinct(query)
     query = _intersect_except_to_groups(query)
@@ -194,11 +194,10 @@ def _set_operation_as_groups(node: exp.SetOperation) -> exp.Expr:
 
 def _inline_ctes(query: exp.Expr) -> exp.Expr:
     """``query`` with each reference to a CTE of its (non-recursive) WITH replaced by
-    a derived table of the CTE's query; as written when a CTE names its columns."""
+    a derived table of the CTE's query (``name_columns`` moved a CTE's column list into
+    its query)."""
     with_ = query.args.get("with") or query.args.get("with_")
-    if with_ is None or with_.args.get("recursive") or any(
-            cte.args.get("alias") is not None and cte.args["alias"].args.get("columns")
-            for cte in with_.expressions):
+    if with_ is None or with_.args.get("recursive"):
         return query
     ctes: dict[str, exp.Expr] = {}
     for cte in with_.expressions:
