@@ -56,6 +56,12 @@ SESSION_CONF: dict[str, str] = {
     # compiled once
     "spark.sql.optimizer.inSetConversionThreshold": "1",
     "spark.sql.optimizer.inSetSwitchThreshold": "0",
+    # pyspark records each Column call's Python call site for error messages: on a
+    # classic session four Py4J round trips per call (a plan of the epoch makes
+    # thousands), on Spark Connect a walk of the Python stack. Off, building
+    # DataFrames costs 0.3x the round trips and 0.55x the time (bench/RESULTS.md,
+    # stop 40); read once per process, at the first Column call
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 #: The settings of ``SESSION_CONF`` a Spark Connect client may set on its session
@@ -70,6 +76,7 @@ RUNTIME_CONF: tuple[str, ...] = (
     "spark.sql.adaptive.enabled",
     "spark.sql.optimizer.inSetConversionThreshold",
     "spark.sql.optimizer.inSetSwitchThreshold",
+    "spark.python.sql.dataFrameDebugging.enabled",
 )
 
 #: pyspark's variable naming a Spark Connect server (``sc://host:port``)
