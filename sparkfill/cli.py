@@ -1,4 +1,4 @@
-"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` and ``demo``.
+"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` (``--json``) and ``demo``.
 
 Invariant: ``status`` only reads (the meta store, opened read-only, without the
 writer lock), so it is safe beside a running engine; ``run`` and ``sql`` open
@@ -29,7 +29,7 @@ from rich.table import Table
 from .errors import SparkfillError
 from .storage.warehouse import Warehouse
 
-__all__ = ["main"]
+__all__ = ["main", "status_facts"]
 
 
 def _meta_of(args: argparse.Namespace) -> str | None:
@@ -67,56 +67,96 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     try:
         meta = _open_meta(args.warehouse, _meta_of(args))
     except SparkfillError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        if args.json:
+            print(json.dumps({"error": str(exc)}))
+        else:
+            console.print(f"[red]error:[/red] {exc}")
         return 2
     try:
-        _print_status(meta, args.warehouse, console)
+        facts = status_facts(meta, args.warehouse)
     finally:
         meta.close()
+    if args.json:
+        print(json.dumps(facts, indent=2))
+    else:
+        _print_status(facts, console)
     return 0
 
 
-def _print_status(meta: Any, warehouse: Warehouse, console: Console) -> None:
-    console.print(f"warehouse {warehouse}: committed epoch {meta.committed_epoch}")
-    table = Table("name", "kind", "strategy", "state", "rows", "backfilled rows", "vnodes done")
+def status_facts(meta: Any, warehouse: Warehouse) -> dict[str, Any]:
+    """What ``status`` shows, as JSON-ready facts read from the meta store only:
+    the committed epoch; each relation (kind, strategy, state, rows; an MV's
+    backfilled rows and vnodes done); each source (connector, last epoch, batches,
+    position, rows, dead letters); each sink (its MV, connector, path, epoch
+    written)."""
+    relations: list[dict[str, Any]] = []
     names: dict[int, str] = {}
     for rel in meta.relations():
         names[rel.id] = rel.name
         options = rel.definition.get("options") or {}
         progress = meta.progress(rel.id)
-        done = sum(p.rows for p in progress)
-        vnodes = sum(1 for p in progress if p.state == "done" and p.vnode >= 0)
         state = rel.state
-        if rel.kind == "mv" and state == "creating":
-            state = "paused" if options.get("rate_limit") == 0 else "backfilling"
-            if options.get("strategy") != "arrangement":
-                vnodes = 0
-        elif rel.kind == "mv":
-            vnodes = 256
-        table.add_row(rel.name, rel.kind, options.get("strategy", ""), state,
-                      f"{rel.row_count:,}", f"{done:,}" if rel.kind == "mv" else "",
-                      str(vnodes) if rel.kind == "mv" else "")
-    console.print(table)
-    sources = meta.sources()
-    if sources:
-        out = Table("source", "connector", "last epoch", "batches", "offset", "rows",
-                    "dead letters")
-        for src in sources:
-            position = "" if src.position is None else (
-                src.position if isinstance(src.position, str) else json.dumps(src.position))
-            out.add_row(names.get(src.rel_id, str(src.rel_id)), src.connector, str(src.epoch),
-                        str(src.batch), position, f"{src.total_rows:,}",
-                        f"{src.total_dead_letters:,}" if src.dead_letter_id is not None else "")
-        console.print(out)
-    sinks = meta.sinks()
-    if sinks:
+        vnodes: int | None = None
+        backfilled: int | None = None
+        if rel.kind == "mv":
+            backfilled = sum(p.rows for p in progress)
+            vnodes = sum(1 for p in progress if p.state == "done" and p.vnode >= 0)
+            if state == "creating":
+                state = "paused" if options.get("rate_limit") == 0 else "backfilling"
+                if options.get("strategy") != "arrangement":
+                    vnodes = 0
+            else:
+                vnodes = 256
+        relations.append({"name": rel.name, "kind": rel.kind,
+                          "strategy": options.get("strategy"), "state": state,
+                          "rows": rel.row_count, "backfilled_rows": backfilled,
+                          "vnodes_done": vnodes})
+    sources = [{"name": names.get(src.rel_id, str(src.rel_id)), "connector": src.connector,
+                "last_epoch": src.epoch, "batches": src.batch, "position": src.position,
+                "rows": src.total_rows,
+                "dead_letters": src.total_dead_letters if src.dead_letter_id is not None
+                else None}
+               for src in meta.sources()]
+    sinks: list[dict[str, Any]] = []
+    if meta.sinks():
         from .sinks import synced_epoch
 
+        sinks = [{"name": sink.name, "from": names.get(sink.rel_id, str(sink.rel_id)),
+                  "connector": sink.connector, "path": sink.path,
+                  "epoch_written": synced_epoch(sink.path, sink.id)}
+                 for sink in meta.sinks()]
+    return {"warehouse": str(warehouse), "committed_epoch": meta.committed_epoch,
+            "relations": relations, "sources": sources, "sinks": sinks}
+
+
+def _print_status(facts: dict[str, Any], console: Console) -> None:
+    console.print(f"warehouse {facts['warehouse']}: committed epoch "
+                  f"{facts['committed_epoch']}")
+    table = Table("name", "kind", "strategy", "state", "rows", "backfilled rows", "vnodes done")
+    for rel in facts["relations"]:
+        is_mv = rel["kind"] == "mv"
+        table.add_row(rel["name"], rel["kind"], rel["strategy"] or "", rel["state"],
+                      f"{rel['rows']:,}", f"{rel['backfilled_rows']:,}" if is_mv else "",
+                      str(rel["vnodes_done"]) if is_mv else "")
+    console.print(table)
+    if facts["sources"]:
+        out = Table("source", "connector", "last epoch", "batches", "offset", "rows",
+                    "dead letters")
+        for src in facts["sources"]:
+            position = src["position"]
+            shown = "" if position is None else (
+                position if isinstance(position, str) else json.dumps(position))
+            dead = src["dead_letters"]
+            out.add_row(src["name"], src["connector"], str(src["last_epoch"]),
+                        str(src["batches"]), shown, f"{src['rows']:,}",
+                        "" if dead is None else f"{dead:,}")
+        console.print(out)
+    if facts["sinks"]:
         out = Table("sink", "from", "connector", "path", "epoch written")
-        for sink in sinks:
-            written = synced_epoch(sink.path, sink.id)
-            out.add_row(sink.name, names.get(sink.rel_id, str(sink.rel_id)), sink.connector,
-                        sink.path, "" if written is None else str(written))
+        for sink in facts["sinks"]:
+            written = sink["epoch_written"]
+            out.add_row(sink["name"], sink["from"], sink["connector"], sink["path"],
+                        "" if written is None else str(written))
         console.print(out)
 
 
@@ -361,6 +401,9 @@ def _parser() -> argparse.ArgumentParser:
                                            "sinks (read-only)",
                             description="Read-only: safe beside a running pipeline.")
     status.add_argument("warehouse", type=_warehouse, metavar="DIR")
+    status.add_argument("--json", action="store_true",
+                        help="print the same facts as one JSON object (for scripts and "
+                             "monitoring)")
     for command in (run, sql, status):
         command.add_argument("--meta", metavar="URL", default=None,
                              help="the warehouse's PostgreSQL meta store (default: the URL "

@@ -5,6 +5,7 @@ the two examples run with ``sparkfill run`` and checked against their oracles,
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import signal
@@ -141,6 +142,21 @@ def test_cdc_example_runs_and_matches_its_data(spark, tmp_path, monkeypatch, cap
     assert proc.returncode == 0, out
     for text in ("committed epoch 4", "cdc_files", "revenue_sink", "orders__dead_letter"):
         assert text in out, f"{text!r} not in\n{out}"
+    # the same facts as JSON, for scripts and monitoring
+    proc = _cli("status", str(wh), "--json")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    facts = json.loads(out)
+    assert facts["committed_epoch"] == 4
+    by_name = {r["name"]: r for r in facts["relations"]}
+    assert by_name["orders__dead_letter"]["kind"] == "table"
+    assert all(r["state"] == "created" and r["vnodes_done"] == 256
+               for r in facts["relations"] if r["kind"] == "mv"), facts["relations"]
+    assert {s["connector"] for s in facts["sources"]} == {"cdc_files"}
+    assert all(s["rows"] > 0 for s in facts["sources"])
+    assert sum(s["dead_letters"] or 0 for s in facts["sources"]) >= 1
+    assert [s["name"] for s in facts["sinks"]] == ["revenue_sink"]
+    assert facts["sinks"][0]["epoch_written"] == 4
 
 
 def test_nexmark_example_runs_and_its_queries_match_batch(spark, tmp_path, monkeypatch,
