@@ -58,9 +58,7 @@ def step_checking_until_created(eng, spark, shapes: dict[str, tuple[str, list[st
 def random_shape(rng: random.Random) -> tuple[str, list[str]]:
     """An MV's SELECT over ``{t}`` (id, g, v, s) and ``{d}`` (g, name, w)."""
     where = rng.choice(["", " WHERE v % 3 <> 0", " WHERE s IS NOT NULL", " WHERE v > 200"])
-    kind = rng.choice(["project", "agg", "global", "distinct", "join", "left_join", "join_agg",
-                       "union", "filter_agg", "comma_join", "right_join", "full_join",
-                       "union_distinct", "window", "window_top", *GRAMMAR_SHAPES])
+    kind = rng.choice(SHAPE_KINDS)
     sql, tables = _shape(rng, kind, where)
     # ORDER BY without LIMIT orders nothing an MV keeps: accepted and ignored
     ordered = rng.random() < 0.3 and " LIMIT " not in sql
@@ -89,7 +87,30 @@ GRAMMAR_SHAPES = {
     "three_way": ("SELECT x.id, y.name, z.g AS zg FROM {t} x JOIN {d} y ON x.g = y.g "
                   "LEFT JOIN {d} z ON z.w = y.w", ["t", "d"]),
     "order_limit": ("SELECT id, v FROM {t} ORDER BY v DESC, id LIMIT 5", ["t"]),
+    # a column alias list names an aggregate's unnamed outputs (TPC-H q13's form)
+    "column_list": ("SELECT c, count(*) AS n FROM (SELECT g, count(*), max(v) FROM {t} "
+                    "GROUP BY g) AS x (k, c, top) WHERE top > 100 GROUP BY c", ["t"]),
+    # scalars that drift with every change of t: rows and groups no change touched flip
+    # when the value crosses them (issue 38's class; the q102 shape over d and t)
+    "scalar_self": ("SELECT id, v FROM {t} WHERE v >= (SELECT avg(v) FROM {t})", ["t"]),
+    "having_scalar": ("SELECT g, count(*) AS c, sum(v) AS sv FROM {t} GROUP BY g "
+                      "HAVING count(*) >= (SELECT count(*) / count(DISTINCT g) FROM {t})",
+                      ["t"]),
+    "select_scalar": ("SELECT id, v, (SELECT max(v) FROM {t} WHERE s IS NOT NULL) - v AS gap "
+                      "FROM {t} WHERE v % 5 = 0", ["t"]),
+    "join_having_scalar": ("SELECT y.g, y.name, count(x.id) AS c FROM {d} y JOIN {t} x "
+                           "ON y.g = x.g GROUP BY y.g, y.name HAVING count(x.id) >= "
+                           "(SELECT count(*) / count(DISTINCT g) FROM {t})", ["t", "d"]),
 }
+
+
+#: every kind the grammar draws from; a sweep may narrow it
+#: (``SPARKFILL_SHAPE_KINDS=scalar,having_scalar``)
+_KINDS = os.environ.get("SPARKFILL_SHAPE_KINDS")
+SHAPE_KINDS = _KINDS.split(",") if _KINDS else [
+    "project", "agg", "global", "distinct", "join", "left_join", "join_agg", "union",
+    "filter_agg", "comma_join", "right_join", "full_join", "union_distinct", "window",
+    "window_top", *GRAMMAR_SHAPES]
 
 
 def _shape(rng: random.Random, kind: str, where: str) -> tuple[str, list[str]]:
