@@ -60,7 +60,8 @@ SESSION_CONF: dict[str, str] = {
     # classic session four Py4J round trips per call (a plan of the epoch makes
     # thousands), on Spark Connect a walk of the Python stack. Off, building
     # DataFrames costs 0.3x the round trips and 0.55x the time (bench/RESULTS.md,
-    # stop 40); read once per process, at the first Column call
+    # stop 40). A static setting (a Connect server's, set when it starts); pyspark
+    # reads it once per process, at the first Column call
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
@@ -76,7 +77,6 @@ RUNTIME_CONF: tuple[str, ...] = (
     "spark.sql.adaptive.enabled",
     "spark.sql.optimizer.inSetConversionThreshold",
     "spark.sql.optimizer.inSetSwitchThreshold",
-    "spark.python.sql.dataFrameDebugging.enabled",
 )
 
 #: pyspark's variable naming a Spark Connect server (``sc://host:port``)
