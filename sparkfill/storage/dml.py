@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -31,8 +31,18 @@ from ..errors import DataError, UnknownColumn
 from .catalog import Relation
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
-from .relation_store import KEY_VALUES, RelationStore
-from .schema import VNODE, arrow_type, names_sql, quoted, spark_type, vnode_expr, vnodes_of
+from .relation_store import KEY_VALUES, DataFile, RelationStore
+from .schema import (
+    OP,
+    VNODE,
+    arrow_type,
+    names_sql,
+    quoted,
+    spark_type,
+    vnode_expr,
+    vnode_sql,
+    vnodes_of,
+)
 from .spark_files import read_parquet, write_parquet
 from .warehouse import Warehouse
 
@@ -46,6 +56,8 @@ DELETE = "D"
 SEQ = "_sf_seq"
 IDX = "_sf_idx"
 KIND = "_sf_kind"
+#: a staged row's first failed check (never written)
+PROBLEM = "_sf_problem"
 
 
 def _stage_struct(rel: Relation) -> T.StructType:
@@ -156,7 +168,10 @@ class DmlStager:
         return DataError(f"table {rel.name!r}, column {col!r}: values are not valid "
                          f"{type_name.upper()}")
 
-    def _spark_batch(self, rel: Relation, df: DataFrame, kind: str) -> DataFrame:
+    def _spark_batch(self, rel: Relation, df: DataFrame, kind: str,
+                     ) -> tuple[DataFrame, Callable[[], None] | None]:
+        """``df`` as staged rows of ``rel``, and, when its values need checking, a call
+        that raises ``DataError`` naming a bad row once the rows were written."""
         given = [c for c in df.columns if c not in (KIND, IDX)]
         self._check_columns(rel, given, kind)
         lookup = {g.lower(): g for g in given}
@@ -183,16 +198,28 @@ class DmlStager:
         kind_col = F.col(KIND) if KIND in df.columns else F.lit(kind)
         idx_col = F.col(IDX) if IDX in df.columns else F.monotonically_increasing_id()
         out = df.select(*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX))
-        if checks:
-            flags = [F.when(cond, F.lit(f"{name}: {msg}")) for msg, name, cond in checks]
-            probe = df.select(F.coalesce(*flags).alias("_sf_problem"),
-                              *[F.col(f"`{g}`").cast("string").alias(g) for g in given])
-            bad = probe.where(F.col("_sf_problem").isNotNull()).limit(1).collect()
-            if bad:
-                row = bad[0].asDict()
-                problem = row.pop("_sf_problem")
-                raise DataError(f"table {rel.name!r}, column {problem} (row {row})")
-        return out
+        if not checks:
+            return out, None
+        # the rows are checked while they are written (counted by an observation of
+        # the write's own job); only a batch with a bad row runs a second job, to
+        # name one
+        flags = [F.when(cond, F.lit(f"{name}: {msg}")) for msg, name, cond in checks]
+        problem = F.coalesce(*flags).alias(PROBLEM)
+        counted = Observation(f"sf_dml_{uuid.uuid4().hex}")
+        out = (df.select(*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX),
+                         problem)
+               .observe(counted, F.count(F.col(PROBLEM)).alias("bad")).drop(PROBLEM))
+
+        def reject_bad_rows() -> None:
+            if not (counted.get or {}).get("bad"):
+                return
+            probe = df.select(problem, *[F.col(f"`{g}`").cast("string").alias(g)
+                                         for g in given])
+            bad = probe.where(F.col(PROBLEM).isNotNull()).limit(1).collect()
+            row = bad[0].asDict() if bad else {}
+            raise DataError(f"table {rel.name!r}, column {row.pop(PROBLEM, '?')} (row {row})")
+
+        return out, reject_bad_rows
 
     # --- staging --------------------------------------------------------------------------
 
@@ -204,10 +231,17 @@ class DmlStager:
         name = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
         wh = self.warehouse
         if isinstance(rows, DataFrame):
-            batch = self._spark_batch(rel, rows, kind).withColumn(SEQ, F.lit(seq).cast("long"))
+            batch, reject_bad_rows = self._spark_batch(rel, rows, kind)
+            batch = batch.withColumn(SEQ, F.lit(seq).cast("long"))
             path = f"{self.dir}/{name}"
             written = write_parquet(
                 batch.selectExpr(*names_sql(_stage_struct(rel).fieldNames())), wh, path, [])
+            if reject_bad_rows is not None:
+                try:
+                    reject_bad_rows()
+                except DataError:
+                    wh.rmtree(path)  # never registered: the warehouse is as it was
+                    raise
             count = sum(f.rows for f in written)
         else:
             table = self._arrow_batch(rel, rows, kind)
@@ -279,10 +313,35 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
     latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
-    # the old rows of the touched keys: only the files of their vnodes are read, and
-    # of those, for a batch of at most LOOKUP_KEYS keys, only the files whose key range
-    # holds one (new keys above the table's range read nothing); keys the driver
-    # staged are known from the files' footers, the others found by a job
+    new = latest.where(F.col(KIND) == UPSERT).selectExpr(*names_sql(cols))
+    if rel.proctime is not None:
+        if proctime_us is None:
+            raise ValueError(f"table {rel.name!r} has a processing-time column: the epoch's "
+                             "processing time is needed")
+        # one literal for every row the epoch writes (staged with NULL there)
+        now = F.timestamp_micros(F.lit(int(proctime_us)))
+        new = new.select(*[now.alias(c) if c == rel.proctime else F.col(quoted(c))
+                           for c in cols])
+    before = store.files_at(rel.stored, prev_epoch)
+    if not before:
+        # an empty table (a first load): every row is an insert; no old rows to look
+        # up, no images to pair
+        return new.selectExpr(*names_sql(cols), f"{vnode_sql(names_sql(key))} AS {VNODE}",
+                              f"'+' AS {OP}")
+    old = _old_rows(store, rel, batches, files, single, latest, prev_epoch, before)
+    return consolidate(old, new, cols, key)
+
+
+def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
+              files: Sequence[str], single: bool, latest: DataFrame, prev_epoch: int,
+              before: Sequence[DataFile]) -> DataFrame:
+    """The rows of ``rel`` at ``prev_epoch`` (``before``: its files then) whose keys
+    the staged ``batches`` (their ``files``; ``latest``: their last change per key)
+    touch. Only the files of the keys' vnodes are read, and of those, for a batch of
+    at most ``LOOKUP_KEYS`` keys, only the files whose key range holds one (new keys
+    above the table's range read nothing); keys the driver staged are known from the
+    files' footers, the others found by a job."""
+    key, cols = list(rel.key), [c.name for c in rel.columns]
     keys = latest.selectExpr(*names_sql(key))
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
@@ -303,23 +362,12 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
-        old = store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
-                           first_keys=first_keys).selectExpr(*names_sql(cols))
-    else:
-        old = store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
-                             vnode_rows=False).join(
-            F.broadcast(keys), key, "left_semi").selectExpr(*names_sql(cols))
-        store.spark_jobs += 1  # the broadcast of the keys
-    new = latest.where(F.col(KIND) == UPSERT).selectExpr(*names_sql(cols))
-    if rel.proctime is not None:
-        if proctime_us is None:
-            raise ValueError(f"table {rel.name!r} has a processing-time column: the epoch's "
-                             "processing time is needed")
-        # one literal for every row the epoch writes (staged with NULL there)
-        now = F.timestamp_micros(F.lit(int(proctime_us)))
-        new = new.select(*[now.alias(c) if c == rel.proctime else F.col(quoted(c))
-                           for c in cols])
-    return consolidate(old, new, cols, key)
+        return store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
+                            first_keys=first_keys).selectExpr(*names_sql(cols))
+    store.spark_jobs += 1  # the broadcast of the keys
+    return store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
+                          vnode_rows=False, files=before).join(
+        F.broadcast(keys), key, "left_semi").selectExpr(*names_sql(cols))
 
 
 #: the footer entry of a staged file that lists its batch's first-key values
