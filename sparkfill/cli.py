@@ -118,13 +118,13 @@ def status_facts(meta: Any, warehouse: Warehouse) -> dict[str, Any]:
                 else None}
                for src in meta.sources()]
     sinks: list[dict[str, Any]] = []
-    if meta.sinks():
+    if registered := meta.sinks():
         from .sinks import synced_epoch
 
         sinks = [{"name": sink.name, "from": names.get(sink.rel_id, str(sink.rel_id)),
                   "connector": sink.connector, "path": sink.path,
                   "epoch_written": synced_epoch(sink.path, sink.id)}
-                 for sink in meta.sinks()]
+                 for sink in registered]
     return {"warehouse": str(warehouse), "committed_epoch": meta.committed_epoch,
             "relations": relations, "sources": sources, "sinks": sinks}
 

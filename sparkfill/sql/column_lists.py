@@ -50,8 +50,7 @@ def name_columns(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.Ex
     # a derived table or a CTE that a list named
     for node in _innermost_first(query):
         alias = node.args.get("alias")
-        names = _column_list(alias) if isinstance(alias, exp.TableAlias) else []
-        if names and isinstance(alias, exp.TableAlias):
+        if isinstance(alias, exp.TableAlias) and (names := _column_list(alias)):
             where = f"{'CTE' if isinstance(node, exp.CTE) else 'derived table'} " \
                     f"{alias.name!r}"
             _rename_outputs(node.this, names, where, columns)

@@ -197,17 +197,16 @@ class DmlStager:
             exprs.append(converted.alias(c.name))
         kind_col = F.col(KIND) if KIND in df.columns else F.lit(kind)
         idx_col = F.col(IDX) if IDX in df.columns else F.monotonically_increasing_id()
-        out = df.select(*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX))
+        staged = [*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX)]
         if not checks:
-            return out, None
+            return df.select(*staged), None
         # the rows are checked while they are written (counted by an observation of
         # the write's own job); only a batch with a bad row runs a second job, to
         # name one
         flags = [F.when(cond, F.lit(f"{name}: {msg}")) for msg, name, cond in checks]
         problem = F.coalesce(*flags).alias(PROBLEM)
         counted = Observation(f"sf_dml_{uuid.uuid4().hex}")
-        out = (df.select(*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX),
-                         problem)
+        out = (df.select(*staged, problem)
                .observe(counted, F.count(F.col(PROBLEM)).alias("bad")).drop(PROBLEM))
 
         def reject_bad_rows() -> None:
@@ -363,7 +362,7 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
         return store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
-                            first_keys=first_keys).selectExpr(*names_sql(cols))
+                            first_keys=first_keys, files=before).selectExpr(*names_sql(cols))
     store.spark_jobs += 1  # the broadcast of the keys
     return store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
                           vnode_rows=False, files=before).join(

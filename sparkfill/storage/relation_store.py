@@ -351,11 +351,12 @@ class RelationStore:
 
     def lookup(self, rel: StoredRelation, epoch: int, keys: Sequence[Any] | DataFrame,
                vnodes: Sequence[int] | None = None,
-               first_keys: Sequence[Any] | None = None) -> DataFrame:
+               first_keys: Sequence[Any] | None = None,
+               files: Sequence[DataFile] | None = None) -> DataFrame:
         """Live rows at ``epoch`` whose first key column holds one of ``keys``: values
         known on the driver (a filter of the read, no job of its own) or a frame of
         them in that column (a broadcast semi-join, one job). ``vnodes``: theirs, so
-        only the files of those vnodes are read."""
+        only the files of those vnodes are read. ``files``: as ``snapshot``'s."""
         column = rel.key[0]
         if not isinstance(keys, DataFrame):
             if not keys:
@@ -363,11 +364,11 @@ class RelationStore:
             where = values_in(column, keys)
             if where is not None:
                 return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys,
-                                     where=where, vnode_rows=False)
+                                     where=where, vnode_rows=False, files=files)
             keys = self.spark.createDataFrame([(k,) for k in keys], [column])
         self.spark_jobs += 1  # the broadcast of the keys
         return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys,
-                             vnode_rows=False).join(
+                             vnode_rows=False, files=files).join(
             F.broadcast(keys.select(column)), column, "left_semi")
 
     def changelog(self, rel: StoredRelation, after_epoch: int, upto_epoch: int) -> DataFrame:
