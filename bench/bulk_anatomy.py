@@ -8,8 +8,13 @@ lists each Spark job (from Spark's status REST API): its duration, stages, tasks
 rows read and shuffled, and the code that ran it; the time outside jobs is the
 driver's (planning, Delta commits, the meta store).
 
+With ``--create``, after the load (and ``d``'s), each MV of the steady benchmark
+(``agg``, ``join``, ``proj``) is created with ``backfill = 'blocking'`` and stepped
+until created, next to a batch CTAS of the same query by Spark over Parquet copies of
+the committed ``t`` and ``d`` (the copies are not timed), with the same job listing.
+
 Classic sessions only (it reads the Spark UI). Usage:
-    python bench/bulk_anatomy.py [--rows 1000000] [--repeat 2]
+    python bench/bulk_anatomy.py [--rows 1000000] [--repeat 2] [--create]
 """
 
 from __future__ import annotations
@@ -80,16 +85,49 @@ class Jobs:
         return spent
 
 
+def create_anatomy(spark: Any, eng: Engine, jobs: Jobs, work: Path, attempt: int,
+                   ctas_s: dict[str, list[float]], create_s: dict[str, list[float]]) -> None:
+    """Each MV: Spark's CTAS over Parquet copies of ``t`` and ``d``, then the blocking
+    CREATE, each with its jobs listed."""
+    eng.sql(sb.D_DDL)
+    eng.insert("d", sb.initial_d(spark))
+    eng.step()
+    t_dir, d_dir = work / "t.parquet", work / "d.parquet"
+    eng.read("t").write.parquet(str(t_dir))
+    eng.read("d").write.parquet(str(d_dir))
+    for name, sql in sb.MVS.items():
+        jobs.mark()
+        t0 = time.perf_counter()
+        spark.read.parquet(str(t_dir)).createOrReplaceTempView("anatomy_t")
+        spark.read.parquet(str(d_dir)).createOrReplaceTempView("anatomy_d")
+        spark.sql(sb.on_tables(sql, "anatomy_t", "anatomy_d")).write.parquet(
+            str(work / f"ctas-{name}"))
+        wall = time.perf_counter() - t0
+        ctas_s[name].append(wall)
+        jobs.report(f"[{attempt}] {name}: batch CTAS", wall)
+        jobs.mark()
+        t0 = time.perf_counter()
+        eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking') AS {sql}")
+        epochs = sb.step_until_created(eng, [name])
+        wall = time.perf_counter() - t0
+        create_s[name].append(wall)
+        jobs.report(f"[{attempt}] {name}: blocking CREATE ({epochs} epochs)", wall)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--create", action="store_true",
+                        help="also blocking CREATE of each MV next to a batch CTAS")
     args = parser.parse_args()
     spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
                                 extra_conf={"spark.ui.enabled": "true"})
     jobs = Jobs(spark)
     spark_s: list[float] = []
     engine_s: list[float] = []
+    ctas_s: dict[str, list[float]] = {name: [] for name in sb.MVS}
+    create_s: dict[str, list[float]] = {name: [] for name in sb.MVS}
     for attempt in range(args.repeat):
         work = Path(tempfile.mkdtemp(prefix="bulk-anatomy-"))
         try:
@@ -116,6 +154,8 @@ def main() -> int:
                             f"{report.spark_jobs} jobs by the engine's count)", step_s)
                 engine_s.append(insert_s + step_s)
                 assert eng.read("t").count() == args.rows
+                if args.create:
+                    create_anatomy(spark, eng, jobs, work, attempt, ctas_s, create_s)
             finally:
                 eng.close()
         finally:
@@ -123,6 +163,10 @@ def main() -> int:
     spark_med, engine_med = statistics.median(spark_s), statistics.median(engine_s)
     print(f"\nmedian: Spark's Parquet write {spark_med:.2f} s; insert + step "
           f"{engine_med:.2f} s ({engine_med / spark_med:.1f}x)")
+    for name in sb.MVS if args.create else ():
+        ctas, create = statistics.median(ctas_s[name]), statistics.median(create_s[name])
+        print(f"median {name}: batch CTAS {ctas:.2f} s; blocking CREATE {create:.2f} s "
+              f"({create / ctas:.1f}x)")
     return 0
 
 

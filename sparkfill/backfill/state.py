@@ -112,7 +112,7 @@ def leaf_change(upstream: Relation, delta_u: DataFrame | None,
     after = afters[0]
     for extra in afters[1:]:
         after = after.unionByName(extra)
-    return Change(after.limit(0) if before is None else before, after)
+    return Change(before, after)
 
 
 @dataclass

@@ -29,9 +29,11 @@ __all__ = ["Change", "change_of", "Emit", "Deferred", "StateDelta", "may_retract
 @dataclass
 class Change:
     """One epoch's change of a set of rows: ``before`` rows leave, ``after`` rows
-    arrive (whole images, at most one per key on each side)."""
+    arrive (whole images, at most one per key on each side). ``before`` None: no row
+    leaves (a backfill's chunk of rows new to the MV), so the change's changelog is its
+    ``after`` rows as insertions, without pairing images by key."""
 
-    before: DataFrame
+    before: DataFrame | None
     after: DataFrame
 
 

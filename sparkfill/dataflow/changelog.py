@@ -49,15 +49,20 @@ def touched_keys(delta: DataFrame, key: Sequence[str]) -> DataFrame:
     return delta.selectExpr(*names_sql(key)).distinct()
 
 
-def consolidate(before: DataFrame, after: DataFrame, columns: Sequence[str],
+def consolidate(before: DataFrame | None, after: DataFrame, columns: Sequence[str],
                 key: Sequence[str], dist_key: Sequence[str] | None = None) -> DataFrame:
     """The changelog that turns the ``before`` rows into the ``after`` rows.
 
     Both inputs hold at most one row per key (``columns`` include the key);
     the output has ``columns``, ``_vnode`` (the hash of ``dist_key``, a part of
-    the key; the whole key by default) and ``_op``.
+    the key; the whole key by default) and ``_op``. ``before`` None: no rows (a
+    first fill), so every ``after`` row is a ``+`` and no exchange pairs images.
     """
     key = list(key)
+    if before is None:
+        return after.selectExpr(*[quoted(c) for c in columns],
+                                f"{vnode_sql([quoted(k) for k in dist_key or key])} AS {VNODE}",
+                                f"'+' AS {OP}")
     keys = [quoted(k) for k in key]
     # the images of a key paired by a window over the key, not a full outer join:
     # one exchange (none over one partition) instead of one per side, and the

@@ -60,7 +60,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         # one is read whole, so this side's append may wait for the epoch's flush
         other = states[1 - side]
         written.append(None if change is None else emit(state, consolidate(
-            side_rows(plan, side, change.before, state),
+            None if change.before is None else side_rows(plan, side, change.before, state),
             side_rows(plan, side, change.after, state),
             cols, state.key, (JOIN_KEY,)), rows_hint,
             deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS))

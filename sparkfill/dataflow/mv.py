@@ -89,7 +89,9 @@ class MvDataflow:
             return result
         if plan.agg is None:
             if rows is not None:
-                result.delta = consolidate(rows.before.selectExpr(*names_sql(names)),
+                before = rows.before
+                result.delta = consolidate(None if before is None
+                                           else before.selectExpr(*names_sql(names)),
                                            rows.after.selectExpr(*names_sql(names)), names, mv.key)
             return result
         written = None if rows is None else self._emit_stage_input(
@@ -131,7 +133,7 @@ class MvDataflow:
         (distributed by its first key column, the group or partition); ``deferrable``:
         the append may wait for the epoch's flush."""
         return emit(state, consolidate(
-            self.stage_input_rows(plan, state, rows.before),
+            None if rows.before is None else self.stage_input_rows(plan, state, rows.before),
             self.stage_input_rows(plan, state, rows.after),
             [c.name for c in state.columns], state.key, state.key[:1]), rows_hint,
             deferrable=deferrable)

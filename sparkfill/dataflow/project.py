@@ -47,5 +47,7 @@ def project(plan: MvPlan, inputs: Sequence[DataFrame], keep: Sequence[str] = (),
 def row_change(plan: MvPlan, change: Change | None) -> Change | None:
     """The row stage's change over one leaf: its change's before- and after-images,
     each filtered and projected."""
-    return None if change is None else Change(
-        project(plan, [change.before]), project(plan, [change.after]))
+    if change is None:
+        return None
+    before = None if change.before is None else project(plan, [change.before])
+    return Change(before, project(plan, [change.after]))

@@ -34,7 +34,9 @@ def union_delta(mv: Relation, plan: MvPlan, changes: Sequence[Change | None],
     moved = [(i, c) for i, c in enumerate(changes) if c is not None]
     if not moved:
         return None
-    before = union_all([project_branch(plan, i, c.before) for i, c in moved])
-    after = union_all([project_branch(plan, i, c.after) for i, c in moved])
     picked = names_sql(names)
-    return consolidate(before.selectExpr(*picked), after.selectExpr(*picked), names, mv.key)
+    leaving = [project_branch(plan, i, c.before).selectExpr(*picked) for i, c in moved
+               if c.before is not None]
+    after = union_all([project_branch(plan, i, c.after) for i, c in moved])
+    return consolidate(union_all(leaving) if leaving else None, after.selectExpr(*picked),
+                       names, mv.key)
