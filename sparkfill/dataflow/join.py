@@ -24,8 +24,17 @@ from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, RelationStore
 from ..storage.schema import names_sql
 from ..storage.spark_files import ONE_TASK_ROWS
-from .change import WEIGHT, Change, Emit, StateDelta, apply_delta, net_change, signed
-from .changelog import consolidate, union_all
+from .change import (
+    WEIGHT,
+    Change,
+    Emit,
+    StateDelta,
+    apply_delta,
+    may_retract,
+    net_change,
+    signed,
+)
+from .changelog import after_images, consolidate, union_all
 from .keys import SCAN_ROWS, read_touched, touched_partitions
 from .project import project
 
@@ -88,13 +97,20 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
 
 def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
                       states: Sequence[Relation], written: Sequence[StateDelta | None],
-                      epoch: int, rows_hint: int) -> Change:
+                      epoch: int, rows_hint: int) -> Change | None:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
     touched (``B`` before this epoch's change, ``A`` after it), and the signed
     terms net per row. No side's unchanged rows of a touched key are read.
-    ``rows_hint``: about how many rows the sides' Δs hold."""
+    ``rows_hint``: about how many rows the sides' Δs hold.
+
+    A side's state empty at ``e-1`` (a first fill) is not read: its term is empty,
+    or, for ``A(e)``, ``ΔA``'s rows. When no Δ retracts, no output row leaves and
+    the terms are disjoint (a ``+`` is a key new to its side, so a pair arises in one
+    term only): the change is their rows as insertions, not netted by an exchange.
+    None: no term has rows (each side's Δ meets an empty other side)."""
     terms = []
+    retracting = any(w is not None and may_retract(w) for w in written)
     for side in (0, 1):
         mine = written[side]
         if mine is None:
@@ -102,15 +118,25 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         other = 1 - side
         state = states[other]
         state_cols = [c.name for c in state.columns]
-        rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY).selectExpr(
-            *names_sql(state_cols))
         theirs = written[other]
-        if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
-            rows = apply_delta(rows, theirs.delta, state)
+        if store.files_at(state.stored, epoch - 1):
+            rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY).selectExpr(
+                *names_sql(state_cols))
+            if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
+                rows = apply_delta(rows, theirs.delta, state)
+        elif other == 0 and theirs is not None:  # A(e-1) is empty: A(e) is ΔA's rows
+            rows = after_images(theirs.delta).selectExpr(*names_sql(state_cols))
+        else:
+            continue  # B(e-1) is empty: so is ΔA⋈B(e-1)
         inputs = [signed(mine.delta, [c.name for c in leaves[side].columns]), rows]
         if side == 1:
             inputs.reverse()
         # small Δ, small state: each read is one partition, joined without exchange
         small = rows_hint <= ONE_TASK_ROWS and state.row_count <= ONE_TASK_ROWS
         terms.append(project(plan, inputs, keep=[WEIGHT], merge=small))
-    return net_change(union_all(terms), [name for name, _ in plan.rows])
+    columns = [name for name, _ in plan.rows]
+    if not terms:
+        return None
+    if not retracting:
+        return Change(None, union_all(terms).drop(WEIGHT))
+    return net_change(union_all(terms), columns)
