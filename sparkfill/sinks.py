@@ -271,7 +271,7 @@ class SinkManager:
         """Vnodes the MV changed in ``(done, epoch]``; None when its log no longer
         holds all of those changes."""
         files = self.store.files_at(rel.stored, epoch)
-        base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
+        base_epoch = max((f.compaction_epoch for f in files if f.kind == "base"), default=0)
         if base_epoch > done:
             return None
         if not any(f.kind == "log" and f.epoch_max > done for f in files):

@@ -153,6 +153,35 @@ def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
         assert _snap(st_, rel, epoch) == expected
 
 
+def test_a_relation_in_one_vnode_reads_its_log_after_a_fold(store, spark):
+    """All rows in one vnode (a global aggregate's state, a join on a constant key)
+    folded into more files than the vnode ranges its rows fill: the fold leaves no
+    empty file, and the log appended after it is read. An empty base file, without
+    statistics, once moved the start of the log past every epoch, so a snapshot was
+    the base alone (issue 38: Nexmark q102's scalar froze at its compaction)."""
+    st_, meta, rel = store
+    rng = random.Random(5)
+    model: dict[int, str] = {}
+
+    def commit(epoch: int) -> None:
+        rows = _random_changes(rng, model, epoch, range(300), 100)
+        df = spark.createDataFrame(rows, "id bigint, v string, _op string")
+        written = st_.append(rel, epoch, df.withColumn(VNODE, F.lit(192))
+                             .select("id", "v", VNODE, OP), len(rows))
+        meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: written.version}, {}, [], [],
+                                      0))
+
+    for epoch in range(1, 4):
+        commit(epoch)
+    st_.compact(rel, 3, len(model))
+    assert _snap(st_, rel, 3) == sorted(model.items())
+    for epoch in range(4, 7):
+        commit(epoch)
+        assert _snap(st_, rel, epoch) == sorted(model.items()), f"epoch {epoch}"
+    files = st_.files_at(rel, 3)
+    assert files and all(f.kind == "base" and f.rows > 0 for f in files)
+
+
 def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
     """Many small log files over a large base are merged into one log file, not
     folded into base: the base is not rewritten, every row stays with its epoch, so

@@ -123,6 +123,13 @@ class DataFile:
     key_min: Any = None
     key_max: Any = None
 
+    @property
+    def compaction_epoch(self) -> int:
+        """A base file's compaction epoch, from its folder (``base/c<epoch>-``), not from
+        its statistics (a file without them must not move where log rows start)."""
+        assert self.kind == "base", self.path
+        return int(self.path.split("/", 2)[1][1:].split("-", 1)[0])
+
     def may_hold(self, first_keys: Sequence[Any]) -> bool:
         """Whether a value of the sorted ``first_keys`` lies in this file's key range."""
         if self.key_min is None or self.key_max is None:
@@ -310,7 +317,7 @@ class RelationStore:
         the read's own job too. ``bulk``: the rows feed work in proportion to their
         number (a backfill's chunk): read in one task per file split, however few."""
         files = self.files_at(rel, epoch) if files is None else list(files)
-        base_epoch = max((f.epoch_max for f in files if f.kind == "base"), default=0)
+        base_epoch = max((f.compaction_epoch for f in files if f.kind == "base"), default=0)
         if first_keys is not None:
             files = [f for f in files if f.may_hold(first_keys)]
         lo_v = after.vnode if after is not None else 0

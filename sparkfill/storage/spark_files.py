@@ -119,7 +119,8 @@ def read_texts(spark: SparkSession, location: Warehouse, uris: Sequence[str]) ->
 def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
                   stats_columns: Sequence[str]) -> list[WrittenFile]:
     """Write ``df`` under ``dir_uri`` as one snappy Parquet file per partition (rows in
-    their order); the files written, sorted by URI."""
+    their order); the files written, sorted by URI. A partition without rows leaves no
+    file: an empty file has no statistics, and a reader must not guess its range."""
     if spark_native(warehouse):
         df.write.mode("overwrite").option("compression", "snappy").parquet(dir_uri)
         written = []
@@ -128,15 +129,18 @@ def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
             if name.startswith("part-") and name.endswith(".parquet"):
                 written.append(WrittenFile(uri, warehouse.size(uri),
                                            parquet_stats(warehouse, uri, stats_columns)))
-        return written
-    from pyspark.sql.pandas.types import to_arrow_schema
+    else:
+        from pyspark.sql.pandas.types import to_arrow_schema
 
-    writer = object_files.parquet_writer(dir_uri, warehouse.storage_options,
-                                         list(stats_columns), to_arrow_schema(df.schema))
-    object_files.ship_by_value()
-    rows = df.mapInArrow(writer, object_files.WRITTEN_SCHEMA).collect()
-    return sorted((WrittenFile(r["path"], int(r["size"]), json.loads(r["stats"]))
-                   for r in rows), key=lambda f: f.uri)
+        writer = object_files.parquet_writer(dir_uri, warehouse.storage_options,
+                                             list(stats_columns), to_arrow_schema(df.schema))
+        object_files.ship_by_value()
+        rows = df.mapInArrow(writer, object_files.WRITTEN_SCHEMA).collect()
+        written = [WrittenFile(r["path"], int(r["size"]), json.loads(r["stats"]))
+                   for r in rows]
+    for empty in [f for f in written if f.rows == 0]:
+        warehouse.rmtree(empty.uri)
+    return sorted((f for f in written if f.rows > 0), key=lambda f: f.uri)
 
 
 def parquet_stats(warehouse: Warehouse, uri: str, columns: Sequence[str]) -> dict[str, Any]:
