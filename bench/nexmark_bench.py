@@ -17,6 +17,7 @@ a time (the MV is dropped before the next, so an epoch maintains that MV alone):
 Queries sparkfill refuses are listed with the reason. Usage:
     python bench/nexmark_bench.py [--events 2000] [--history 5] [--epochs 3]
         [--queries q0 q9 ...] [--out bench/RESULTS.md]
+        [--keep-history DIR | --history-from DIR]
 """
 
 from __future__ import annotations
@@ -49,9 +50,21 @@ def run(args: argparse.Namespace) -> str:
     refused: list[str] = []
     try:
         start = time.perf_counter()
-        nexmark.create(eng, rows=args.events)
-        for _ in range(args.history):
-            eng.step()
+        if args.history_from:
+            # a history generated once (``--keep-history``) and copied: the streams
+            # are seeded, so the data is the same as generating it again
+            eng.close()
+            shutil.rmtree(work / "wh")
+            shutil.copytree(args.history_from, work / "wh")
+            eng = Engine(work / "wh", spark=spark)
+        else:
+            nexmark.create(eng, rows=args.events)
+            for _ in range(args.history):
+                eng.step()
+            if args.keep_history:
+                eng.close()
+                shutil.copytree(work / "wh", args.keep_history, dirs_exist_ok=True)
+                eng = Engine(work / "wh", spark=spark)
         load_s = time.perf_counter() - start
         bids = eng.read("bid").count()
         log(f"{args.history} epochs of {args.events} events in {load_s:.1f}s ({bids:,} bids)")
@@ -97,6 +110,11 @@ def main() -> int:
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--keep-history", default=None, metavar="DIR",
+                        help="copy the warehouse to DIR once the history is generated")
+    parser.add_argument("--history-from", default=None, metavar="DIR",
+                        help="start from a copy of a warehouse kept by --keep-history "
+                             "(--events and --history are then those of that run)")
     args = parser.parse_args()
     text = run(args)
     print(text)
