@@ -315,6 +315,25 @@ def test_a_log_that_is_already_a_base_is_adopted_without_a_rewrite(store, spark)
     assert _snap(st_, rel, 1) == [(i, str(i)) for i in range(300)]
 
 
+def test_a_first_fill_in_more_files_than_a_fold_would_write_is_adopted(store, spark):
+    """A first fill sized by its upstream's rows (a blocking CREATE's MV, a filter of
+    half the upstream's rows) is written in more files than a fold would write; files
+    of at least a quarter of the target are not small, so the fold adopts them as
+    they are (no Spark job) instead of rewriting them."""
+    st_, meta, rel = store
+    rows = [(i, str(i), "+") for i in range(300)]
+    written = st_.append(rel, 1, _changelog(spark, rows), 3 * len(rows))  # hint: 3x
+    meta.commit_epoch(EpochCommit(1, 0.0, 0.0, {rel.id: written.version}, {}, [], [], 0))
+    log_files = st_.files_at(rel, 1)
+    # (the driver writes a small Δ in files of the target; the executors by the hint)
+    assert 4 * len(rows) >= len(log_files) * st_.target_file_rows, "not small on average"
+    jobs = st_.spark_jobs
+    st_.compact(rel, 1, len(rows))
+    assert st_.spark_jobs == jobs, "adopted: no Spark job"
+    assert len(st_.files_at(rel, 1)) == len(log_files)
+    assert _snap(st_, rel, 1) == sorted((i, str(i)) for i in range(300))
+
+
 def test_a_log_of_upserts_is_not_adopted(store, spark):
     """The first epoch of a relation may hold U-/U+ pairs (a snapshot job's tagged
     append) or a retraction: then its rows are not its live rows and it is rewritten."""

@@ -677,10 +677,13 @@ class RelationStore:
         assert version is not None
         old_files = self.files(rel, version)
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
-        # (and in about as many files as a rewrite would make: a small Δ that was
-        # split by its upstream's size is rewritten, cheaply, into fewer)
+        # (and in files that are not small: about as many as a rewrite would make, or
+        # of a quarter of the target each — a first fill sized by its upstream's rows;
+        # a small Δ that was split by its upstream's size is rewritten, cheaply, into
+        # fewer)
         if (_is_base_of(old_files, epoch, live_rows)
-                and len(old_files) <= 2 * math.ceil(live_rows / self.target_file_rows)):
+                and (len(old_files) <= 2 * math.ceil(live_rows / self.target_file_rows)
+                     or 4 * live_rows >= len(old_files) * self.target_file_rows)):
             actions = self._link_as_base(rel, old_files, subdir)
         elif live_rows <= LOCAL_WRITE_ROWS:
             # a small relation: its rows to the driver and written there, as a small
