@@ -57,7 +57,7 @@ from .sql.frontend import CreateSink, DropSink
 from .storage import object_files
 from .storage.catalog import Catalog, Relation
 from .storage.meta_store import MetaStore, SinkRow
-from .storage.relation_store import RelationStore
+from .storage.relation_store import RelationStore, compaction_epoch
 from .storage.schema import VNODE, VNODE_COUNT, arrow_type
 from .storage.warehouse import Warehouse
 
@@ -271,8 +271,7 @@ class SinkManager:
         """Vnodes the MV changed in ``(done, epoch]``; None when its log no longer
         holds all of those changes."""
         files = self.store.files_at(rel.stored, epoch)
-        base_epoch = max((f.compaction_epoch for f in files if f.kind == "base"), default=0)
-        if base_epoch > done:
+        if compaction_epoch(files) > done:
             return None
         if not any(f.kind == "log" and f.epoch_max > done for f in files):
             return []

@@ -119,9 +119,9 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         state = states[other]
         state_cols = [c.name for c in state.columns]
         theirs = written[other]
-        if store.files_at(state.stored, epoch - 1):
-            rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY).selectExpr(
-                *names_sql(state_cols))
+        if files := store.files_at(state.stored, epoch - 1):
+            rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY,
+                                files=files).selectExpr(*names_sql(state_cols))
             if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
                 rows = apply_delta(rows, theirs.delta, state)
         elif other == 0 and theirs is not None:  # A(e-1) is empty: A(e) is ΔA's rows
@@ -134,9 +134,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         # small Δ, small state: each read is one partition, joined without exchange
         small = rows_hint <= ONE_TASK_ROWS and state.row_count <= ONE_TASK_ROWS
         terms.append(project(plan, inputs, keep=[WEIGHT], merge=small))
-    columns = [name for name, _ in plan.rows]
     if not terms:
         return None
     if not retracting:
         return Change(None, union_all(terms).drop(WEIGHT))
-    return net_change(union_all(terms), columns)
+    return net_change(union_all(terms), [name for name, _ in plan.rows])

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
-from ..storage.relation_store import Appended, RelationStore
+from ..storage.relation_store import Appended, DataFile, RelationStore
 from ..storage.schema import quoted
 from .change import Deferred, StateDelta
 from .changelog import union_all
@@ -66,17 +66,19 @@ def touched_partitions(written: Sequence[Appended], column: str,
 
 
 def read_touched(store: RelationStore, rel: Relation, epoch: int,
-                 written: Sequence[StateDelta], column: str) -> DataFrame:
+                 written: Sequence[StateDelta], column: str,
+                 files: Sequence[DataFile] | None = None) -> DataFrame:
     """``rel``'s live rows at ``epoch`` of the partitions the state-table Δs
     ``written`` touched (the values of their ``column``, ``rel``'s first key): a
     keyed lookup, its files pruned to the Δs' vnodes. When a Δ is deferred its keys
     are not known, and the whole of ``rel`` (small: the operator chose so) is read;
-    the caller's join with the Δ keeps the touched partitions."""
+    the caller's join with the Δ keeps the touched partitions. ``files``: ``rel``'s
+    files at ``epoch``, when the caller resolved them."""
     if any(isinstance(w, Deferred) for w in written):
-        return store.snapshot(rel.stored, epoch, few=True)
+        return store.snapshot(rel.stored, epoch, few=True, files=files)
     appended = [w for w in written if isinstance(w, Appended)]
     keys = touched_partitions(appended, column)
     if isinstance(keys, DataFrame):
         keys = keys.select(F.col(column).alias(rel.key[0]))
     return store.lookup(rel.stored, epoch, keys,
-                        vnodes=sorted({v for w in appended for v in w.vnodes}))
+                        vnodes=sorted({v for w in appended for v in w.vnodes}), files=files)

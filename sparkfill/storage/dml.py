@@ -33,14 +33,12 @@ from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import KEY_VALUES, DataFile, RelationStore
 from .schema import (
-    OP,
     VNODE,
     arrow_type,
     names_sql,
     quoted,
     spark_type,
     vnode_expr,
-    vnode_sql,
     vnodes_of,
 )
 from .spark_files import read_parquet, write_parquet
@@ -322,12 +320,10 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
         new = new.select(*[now.alias(c) if c == rel.proctime else F.col(quoted(c))
                            for c in cols])
     before = store.files_at(rel.stored, prev_epoch)
-    if not before:
-        # an empty table (a first load): every row is an insert; no old rows to look
-        # up, no images to pair
-        return new.selectExpr(*names_sql(cols), f"{vnode_sql(names_sql(key))} AS {VNODE}",
-                              f"'+' AS {OP}")
-    old = _old_rows(store, rel, batches, files, single, latest, prev_epoch, before)
+    # an empty table (a first load): every row is an insert; no old rows to look up,
+    # no images to pair
+    old = (_old_rows(store, rel, batches, files, single, latest, prev_epoch, before)
+           if before else None)
     return consolidate(old, new, cols, key)
 
 

@@ -61,7 +61,7 @@ from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
            "BEFORE_OPS", "OPS", "IS_LIVE", "IS_BEFORE", "KEY_VALUES", "LOCAL_WRITE_ROWS",
-           "retracts"]
+           "retracts", "compaction_epoch"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -317,7 +317,7 @@ class RelationStore:
         the read's own job too. ``bulk``: the rows feed work in proportion to their
         number (a backfill's chunk): read in one task per file split, however few."""
         files = self.files_at(rel, epoch) if files is None else list(files)
-        base_epoch = max((f.compaction_epoch for f in files if f.kind == "base"), default=0)
+        base_epoch = compaction_epoch(files)
         if first_keys is not None:
             files = [f for f in files if f.may_hold(first_keys)]
         lo_v = after.vnode if after is not None else 0
@@ -772,6 +772,12 @@ def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[Da
         part = F.floor(F.col(VNODE) * F.lit(n_files) / F.lit(256)).cast("int")
         return df.repartitionById(n_files, part), False
     return df.repartitionByRange(n_files, VNODE, *key), True
+
+
+def compaction_epoch(files: Sequence[DataFile]) -> int:
+    """The epoch of the base among ``files`` (0: none): the log rows above it are the
+    changes a snapshot merges into it."""
+    return max((f.compaction_epoch for f in files if f.kind == "base"), default=0)
 
 
 def _is_base_of(files: Sequence[DataFile], epoch: int, live_rows: int) -> bool:
