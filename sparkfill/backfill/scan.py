@@ -79,6 +79,11 @@ class BackfillScan:
         if limit == 0:
             return None, pos, 0
         up = upstream.stored
+        if limit is None and pos is None and live_rows is not None:
+            # the whole snapshot: its rows are the upstream's count at ``epoch`` (the
+            # catalog's), so it needs no count job; its consumers each read it (a
+            # cache would cost more to build than a read of the files)
+            return self.store.snapshot(up, epoch, bulk=True), END, live_rows
         if limit is None:
             chunk = self.store.snapshot(up, epoch, after=pos, bulk=True)
             chunk = chunk.persist(StorageLevel.MEMORY_AND_DISK)

@@ -14,6 +14,7 @@ the job's first epoch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame
@@ -35,8 +36,8 @@ from .keys import (
     touched_partitions,
 )
 
-__all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "group_values",
-           "outputs", "evaluate", "state_may_wait"]
+__all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
+           "group_values", "outputs", "evaluate", "state_may_wait"]
 
 
 def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
@@ -46,6 +47,13 @@ def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
     looks up its old values in the MV, which it reads whole when small."""
     return (plan.agg is not None and plan.agg.running is not None and bool(plan.agg.group)
             and plan.join is None and mv.row_count <= SCAN_ROWS)
+
+
+def changed_rows_bound(groups: int) -> int:
+    """At most about how many rows the MV's changelog holds when the state's Δ
+    touched about ``groups`` groups (an estimate, within a few percent): a
+    before-image and an after-image per group."""
+    return 2 * math.ceil(1.1 * groups) + 16
 
 
 def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFrame:

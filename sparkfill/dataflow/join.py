@@ -57,9 +57,12 @@ def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> Data
 
 def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
                 states: Sequence[Relation], changes: Sequence[Change | None], epoch: int,
-                emit: Emit, rows_hint: int) -> Change | None:
+                emit: Emit, rows_hint: int, leaf_rows: Sequence[int] | None = None,
+                ) -> Change | None:
     """The join's rows before and after this epoch, for the join keys it touched;
-    each side's state table takes that side's change."""
+    each side's state table takes that side's change. ``rows_hint``: about how many
+    rows the changes hold, ``leaf_rows`` (when known) each side's share, which sizes
+    that side's state write."""
     assert plan.join is not None
     written: list[StateDelta | None] = []
     for side, change in enumerate(changes):
@@ -71,7 +74,8 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         written.append(None if change is None else emit(state, consolidate(
             None if change.before is None else side_rows(plan, side, change.before, state),
             side_rows(plan, side, change.after, state),
-            cols, state.key, (JOIN_KEY,)), rows_hint,
+            cols, state.key, (JOIN_KEY,)),
+            rows_hint if leaf_rows is None else leaf_rows[side],
             deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS))
     moved = [w for w in written if w is not None]
     if not moved:

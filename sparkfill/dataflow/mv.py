@@ -45,6 +45,11 @@ class DataflowResult:
     delta: DataFrame | None
     #: the epoch the Δs are appended as (a snapshot job catching up: an earlier one)
     tag: int | None = None
+    #: at most about how many rows ``delta`` holds, when the operators know better than
+    #: the count of their input rows (an aggregate: two per touched group); it sizes
+    #: the Δ's write (a few thousand groups are written by the driver, not as files of
+    #: vnode ranges sized by the million input rows they came from)
+    rows_hint: int | None = None
 
 
 class MvDataflow:
@@ -56,11 +61,11 @@ class MvDataflow:
 
     def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
             changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
-            rows_hint: int) -> DataflowResult:
+            rows_hint: int, leaf_rows: Sequence[int] | None = None) -> DataflowResult:
         """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
         the job's first epoch (a global aggregate emits its row for empty input);
         ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
-        changes hold."""
+        changes hold, ``leaf_rows`` (when known) each leaf's share."""
         plan = mv.plan
         assert plan is not None
         result = DataflowResult(None)
@@ -75,7 +80,7 @@ class MvDataflow:
             rows = project.row_change(plan, changes[0])
         else:
             rows = join.join_change(self.store, plan, leaves, states[:2], changes, epoch,
-                                    emit, rows_hint)
+                                    emit, rows_hint, leaf_rows)
 
         # stage 2: the aggregate, the window functions, or the rows themselves, become
         # the MV's changelog (the aggregate's and the window's input rows go to their
@@ -99,6 +104,8 @@ class MvDataflow:
             deferrable=aggregate.state_may_wait(mv, plan))
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
                                                   epoch, initial)
+        if isinstance(written, Appended) and written.key_count is not None:
+            result.rows_hint = aggregate.changed_rows_bound(written.key_count)
         return result
 
     # --- top-N (an MV of its own over one leaf) -------------------------------------------

@@ -413,6 +413,8 @@ class EpochCoordinator:
                                     [state_to_row(rel.id, scan.state, scan.pinned_epoch, leaf)])
                 if all(isinstance(scan.state, Done) for scan in scans):
                     created.append(rel.id)
+            if out is not None and out.rows_hint is not None:
+                hint = min(hint, out.rows_hint)
             if out is not None and out.delta is not None:
                 if (not scans and out.tag is None and rel.kind == "mv"
                         and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now):
@@ -524,7 +526,8 @@ class EpochCoordinator:
                 return None, [], 0
             emit = appends.emitter(may_wait=True, may_retract=any(
                 retracts(appends.counts.get(leaf.id, {})) for leaf in leaves))
-            return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint),
+            return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
+                                      [appends.rows(leaf.id) for leaf in leaves]),
                     [], hint)
         if rel.id in plan.get("queued", []):
             return None, [], 0
@@ -539,7 +542,9 @@ class EpochCoordinator:
                  for i, leaf in enumerate(leaves)]
         hint += sum(s.chunk_rows for s in scans)
         result = self.dataflow.run(rel, leaves, states, [s.change for s in scans], epoch,
-                                   initial, appends.emitter(), hint)
+                                   initial, appends.emitter(), hint,
+                                   [appends.rows(leaf.id) + s.chunk_rows
+                                    for leaf, s in zip(leaves, scans, strict=True)])
         return result, scans, hint
 
     @staticmethod

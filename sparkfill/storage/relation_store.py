@@ -32,7 +32,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -141,6 +141,18 @@ class DataFile:
             return True
 
 
+class Observed(NamedTuple):
+    """What a changelog's write observed of its rows: the rows per ``_op``, the vnodes
+    it touched, the distinct values of its first key column (when asked for and at
+    most ``KEY_VALUES``) and how many distinct values that column holds (exact when
+    the values are known, else Spark's estimate; None: not asked for)."""
+
+    counts: dict[str, int]
+    vnodes: tuple[int, ...]
+    keys: tuple[Any, ...] | None
+    key_count: int | None
+
+
 @dataclass(frozen=True)
 class Appended:
     """One epoch's changelog of a relation as it was written: the Delta version that
@@ -156,6 +168,9 @@ class Appended:
     #: table), observed while it was written when asked for and at most ``KEY_VALUES``;
     #: None: not known on the driver (look them up from ``delta``)
     keys: tuple[Any, ...] | None = None
+    #: about how many distinct values the first key column holds (a state table's
+    #: touched groups, join keys or partitions), when observed; None: not known
+    key_count: int | None = None
 
     @property
     def rows(self) -> int:
@@ -403,20 +418,25 @@ class RelationStore:
 
     def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str, rows: int,
                      register: bool = True, observation: Observation | None = None,
-                     key_column: str | None = None) -> list[AddAction | RemoveAction]:
-        """Write ``df`` as sorted Parquet files under ``subdir`` (one Spark job; with
-        ``observation``, the written rows are counted per ``_op`` and their vnodes
-        (and the distinct values of ``key_column``) collected in the same job)."""
+                     key_column: str | None = None, count_column: str | None = None,
+                     ) -> list[AddAction | RemoveAction]:
+        """Write ``df`` as Parquet files of vnode ranges under ``subdir`` (one Spark job;
+        with ``observation``, the written rows are counted per ``_op`` and their vnodes
+        (and the distinct values of ``count_column``, and the values themselves of
+        ``key_column``) collected in the same job). The rows of a file are not sorted:
+        a file is selected by its vnode and key ranges, which do not depend on the
+        order, and it is one Parquet row group (``target_file_rows``), read whole;
+        a sort would cost a fifth of the write. At most 256 files: one vnode each at
+        the finest."""
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
-        n_files = max(1, math.ceil(rows / self.target_file_rows))
+        n_files = min(256, max(1, math.ceil(rows / self.target_file_rows)))
         ordered, sampled = _by_vnode_range(df, n_files, rel.key)
-        ordered = ordered.sortWithinPartitions(VNODE, *rel.key)
         schema = physical_struct(rel.columns)
         ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
         if observation is not None:
             # after the exchange: a range partitioner's sampling job does not run it
-            ordered = ordered.observe(observation, *_delta_metrics(key_column))
+            ordered = ordered.observe(observation, *_delta_metrics(key_column, count_column))
         if register:
             self.meta.add_pending_dir(rel.id, out)
         written = write_parquet(ordered, self.warehouse, out, [VNODE, EPOCH, rel.key[0]])
@@ -464,14 +484,13 @@ class RelationStore:
 
     def _write_arrow(self, rel: StoredRelation, table: pa.Table, subdir: str,
                      key_column: str | None,
-                     ) -> tuple[list[AddAction | RemoveAction],
-                                tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None]]:
+                     ) -> tuple[list[AddAction | RemoveAction], Observed]:
         """Write a Δ's rows brought to the driver, sorted by ``(_vnode, key)`` here, as
         Parquet files of at most ``target_file_rows`` rows under ``subdir`` (none
         when it is empty). Returns their add actions and, as ``_observed``, its rows
         per ``_op``, its vnodes and the distinct values of ``key_column``."""
         if not table.num_rows:
-            return [], ({}, (), None)
+            return [], Observed({}, (), None, None)
         table = table.cast(physical_arrow_schema(rel.columns)).sort_by(
             [(VNODE, "ascending"), *[(k, "ascending") for k in rel.key]])
         ops = {v["values"]: v["counts"] for v in pc.value_counts(table[OP]).to_pylist()}
@@ -479,8 +498,10 @@ class RelationStore:
         # them: not timestamps (time zones differ)
         values: dict[str, Any] = {f"op{i}": ops.get(op) for i, op in enumerate(OPS)}
         values["vnodes"] = pc.unique(table[VNODE]).to_pylist()
-        if key_column is not None and not pa.types.is_timestamp(table[key_column].type):
-            values["key_values"] = pc.unique(table[key_column]).to_pylist()
+        if key_column is not None:
+            values["key_count"] = pc.count_distinct(table[key_column]).as_py()
+            if not pa.types.is_timestamp(table[key_column].type):
+                values["key_values"] = pc.unique(table[key_column]).to_pylist()
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         self.meta.add_pending_dir(rel.id, out)
@@ -511,13 +532,15 @@ class RelationStore:
         # the set is collected whole: only for a Δ expected small
         key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
         if rows_hint <= LOCAL_WRITE_ROWS:
-            actions, observed = self._write_arrow(rel, self._arrow_rows(rel, delta, epoch),
-                                                  subdir, key_column)
+            actions, observed = self._write_arrow(
+                rel, self._arrow_rows(rel, delta, epoch), subdir,
+                rel.key[0] if collect_keys else None)
         else:
             observation = Observation(f"sf_append_{uuid.uuid4().hex}")
             actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
                                         rows_hint, observation=observation,
-                                        key_column=key_column)
+                                        key_column=key_column,
+                                        count_column=rel.key[0] if collect_keys else None)
             observed = _observed(observation.get)
         return self._commit_append(dt, rel, epoch, subdir, actions, observed)
 
@@ -560,12 +583,11 @@ class RelationStore:
 
     def _commit_append(self, dt: DeltaTable, rel: StoredRelation, epoch: int, subdir: str,
                        actions: list[AddAction | RemoveAction],
-                       observed: tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None],
-                       ) -> Appended | None:
+                       observed: Observed) -> Appended | None:
         """Commit the files an append wrote under ``subdir`` as ``epoch``'s Delta
         version of ``rel``'s table ``dt`` (None, and nothing committed, when they hold
         no row)."""
-        counts, vnodes, keys = observed
+        counts = observed.counts
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         if not sum(counts.values()):
@@ -579,8 +601,9 @@ class RelationStore:
         )
         self.meta.remove_pending_dir(out)
         files = [f"{table_path}/{a.path}" for a in actions if isinstance(a, AddAction)]
-        return Appended(self._committed_version(rel), counts, vnodes,
-                        self._read_delta(rel, files, sum(counts.values())), keys)
+        return Appended(self._committed_version(rel), counts, observed.vnodes,
+                        self._read_delta(rel, files, sum(counts.values())), observed.keys,
+                        observed.key_count)
 
     def _appended(self, rel: StoredRelation, epoch: int, version: int,
                   collect_keys: bool) -> Appended | None:
@@ -590,11 +613,12 @@ class RelationStore:
         if not written:
             return None
         delta = self._read_delta(rel, [f.uri for f in written], sum(f.rows for f in written))
-        stats = delta.agg(*_delta_metrics(rel.key[0] if collect_keys else None)
-                          ).collect()[0].asDict()
+        key = rel.key[0] if collect_keys else None
+        stats = delta.agg(*_delta_metrics(key, key)).collect()[0].asDict()
         self.spark_jobs += 1
-        counts, vnodes, keys = _observed(stats)
-        return Appended(version, counts, vnodes, delta, keys)
+        observed = _observed(stats)
+        return Appended(version, observed.counts, observed.vnodes, delta, observed.keys,
+                        observed.key_count)
 
     def _read_delta(self, rel: StoredRelation, uris: Sequence[str], rows: int) -> DataFrame:
         """A written changelog of ``rows`` rows read back from its files (not counted as
@@ -797,24 +821,29 @@ def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
     return log_df.selectExpr("*", rank).where("_sf_rn = 1").drop("_sf_rn")
 
 
-def _delta_metrics(key_column: str | None = None) -> list[Any]:
+def _delta_metrics(key_column: str | None = None,
+                   count_column: str | None = None) -> list[Any]:
     """Rows per ``_op``, the distinct vnodes of a changelog and, with ``key_column``,
-    that column's distinct values, as aggregate columns."""
+    that column's distinct values, with ``count_column`` an estimate of how many
+    distinct values it holds, as aggregate columns."""
     metrics = [*[F.expr(f"sum(CAST({OP} = '{op}' AS BIGINT)) AS op{i}")
                  for i, op in enumerate(OPS)],
                F.expr(f"collect_set({VNODE}) AS vnodes")]
     if key_column is not None:
         metrics.append(F.expr(f"collect_set(`{key_column}`) AS key_values"))
+    if count_column is not None:
+        metrics.append(F.expr(f"approx_count_distinct(`{count_column}`) AS key_count"))
     return metrics
 
 
-def _observed(values: dict[str, Any],
-              ) -> tuple[dict[str, int], tuple[int, ...], tuple[Any, ...] | None]:
+def _observed(values: dict[str, Any]) -> Observed:
     counts = {op: int(values.get(f"op{i}") or 0) for i, op in enumerate(OPS)}
     keys = values.get("key_values")
-    return ({op: n for op, n in counts.items() if n},
-            tuple(sorted(int(v) for v in values.get("vnodes") or ())),
-            None if keys is None or len(keys) > KEY_VALUES else tuple(keys))
+    count = values.get("key_count")
+    known = None if keys is None or len(keys) > KEY_VALUES else tuple(keys)
+    return Observed({op: n for op, n in counts.items() if n},
+                    tuple(sorted(int(v) for v in values.get("vnodes") or ())), known,
+                    len(known) if known is not None else None if count is None else int(count))
 
 
 def _epochs_within(files: Sequence[DataFile], after: int, upto: int) -> SparkColumn:
