@@ -38,10 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from ..dataflow.aggregate import changed_rows_bound
 from ..dataflow.changelog import union_all
 from ..dataflow.mv import MvDataflow
 from ..sql.planner import JOIN_KEY, WINDOW_PART
@@ -251,10 +251,16 @@ class SnapshotJob(threading.Thread):
         return read_parquet(self.spark, self.warehouse, schema, files)
 
     def _write_initial_rows(self) -> None:
-        """``Q(U(s))`` for the MV and each state table, as uncommitted files."""
+        """``Q(U(s))`` for the MV and each state table, as uncommitted files: each
+        written by one Spark job that counts its rows (no cache, no count job); the
+        files of a write are as many as the rows it is expected to hold: a leaf's
+        rows read in phase 1, or for an aggregate's MV the groups its state's write
+        observed."""
         plan = self.mv.plan
         assert plan is not None
-        targets: list[tuple[Relation, DataFrame, str]] = []
+        leaf_rows = job_status(self.warehouse, self.job_dir)["rows"]
+        # (relation, rows, distribution column, about how many rows; None: groups)
+        targets: list[tuple[Relation, DataFrame, str, int | None]] = []
         # an aggregate's or window functions' input rows, held by group or partition
         staged = plan.agg is not None or plan.window is not None
         stage_rows: DataFrame | None = None
@@ -262,35 +268,39 @@ class SnapshotJob(threading.Thread):
             sides = []
             for side, state in enumerate(self.states[:2]):
                 rows = self._chunks_of(side, state)
-                targets.append((state, rows, JOIN_KEY))
+                targets.append((state, rows, JOIN_KEY, leaf_rows.get(side, 0)))
                 sides.append(rows.select(*[c.name for c in self.leaves[side].columns]))
             joined = self.dataflow.project(plan, sides)
+            joined_rows = max(leaf_rows.get(0, 0), leaf_rows.get(1, 0))
             if staged:
                 stage_rows = self.dataflow.stage_input_rows(plan, self.states[-1], joined)
             else:
-                mv_rows = joined.select(*[c.name for c in self.mv.columns])
+                mv_rows, mv_hint = joined.select(*[c.name for c in self.mv.columns]), joined_rows
         elif staged:
-            stage_rows = self._chunks_of(0, self.states[-1])
+            stage_rows, joined_rows = self._chunks_of(0, self.states[-1]), leaf_rows.get(0, 0)
         else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
             mv_rows = union_all([self._chunks_of(leaf, self.mv)
                                  for leaf in range(len(self.leaves))])
+            mv_hint = sum(leaf_rows.values())
         if stage_rows is not None:
             state = self.states[-1]
-            targets.append((state, stage_rows, state.key[0]))
+            targets.append((state, stage_rows, state.key[0], joined_rows))
             mv_rows = self.dataflow.evaluate_stage(self.mv, plan, stage_rows)
+            # an aggregate's MV: a row per group; window functions': a row per input row
+            mv_hint = joined_rows if plan.window is not None else None
         # an MV of window functions is distributed by partition, as its state
-        targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else ""))
+        targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else "",
+                        mv_hint))
         manifest: dict[str, Any] = {}
-        for rel, rows, dist in targets:
+        groups = 0
+        for rel, rows, dist, hint in targets:
             self._clear_uncommitted(rel)
-            rows = rows.withColumn(VNODE, vnode_expr([dist] if dist else list(rel.key))) \
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                n = rows.count()
-                files = self.store.prepare_files(rel.stored, self.s, rows, n, "snap")
-            finally:
-                rows.unpersist()
-            manifest[str(rel.id)] = {"rows": n, "files": files}
+            rows = rows.withColumn(VNODE, vnode_expr([dist] if dist else list(rel.key)))
+            files, observed = self.store.prepare_files(
+                rel.stored, self.s, rows, changed_rows_bound(groups) if hint is None else hint,
+                "snap", count_column=dist or None)
+            groups = observed.key_count or 0
+            manifest[str(rel.id)] = {"rows": sum(observed.counts.values()), "files": files}
             if self.control.cancelled.is_set():
                 return
         self.warehouse.write_text(f"{self.job_dir}/manifest.json", json.dumps(manifest))

@@ -628,15 +628,21 @@ class RelationStore:
                 .selectExpr(*names_sql([*rel.column_names, VNODE, OP])))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
-                      rows: int, tag: str) -> list[dict[str, Any]]:
+                      rows_hint: int, tag: str, count_column: str | None = None,
+                      ) -> tuple[list[dict[str, Any]], Observed]:
         """Write live rows (columns + ``_vnode``) as ``+`` log files of ``epoch`` that
         no commit references yet (no meta-store access: safe off the epoch loop's
-        thread); returns their add actions, for ``commit_files``."""
+        thread), in one Spark job that counts them; ``rows_hint``: about how many
+        there are (it sets the number of files); ``count_column``: a column whose
+        distinct values the write estimates too. Returns the files' add actions,
+        for ``commit_files``, and what the write observed."""
         subdir = f"log/e{epoch:010d}-{tag}-{uuid.uuid4().hex[:8]}"
         df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
-        actions = self._write_files(rel, df, subdir, rows, register=False)
-        return [{"path": a.path, "size": a.size, "stats": a.stats} for a in actions
-                if isinstance(a, AddAction)]
+        observation = Observation(f"sf_prepare_{uuid.uuid4().hex}")
+        actions = self._write_files(rel, df, subdir, rows_hint, register=False,
+                                    observation=observation, count_column=count_column)
+        return ([{"path": a.path, "size": a.size, "stats": a.stats} for a in actions
+                 if isinstance(a, AddAction)], _observed(observation.get))
 
     def commit_files(self, rel: StoredRelation, epoch: int,
                      files: Sequence[dict[str, Any]]) -> int:
