@@ -41,7 +41,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from ..dataflow.aggregate import changed_rows_bound
+from ..dataflow.aggregate import changed_rows_bound, estimate_groups, keeps_input
 from ..dataflow.changelog import union_all
 from ..dataflow.mv import MvDataflow
 from ..sql.planner import JOIN_KEY, WINDOW_PART
@@ -284,10 +284,13 @@ class SnapshotJob(threading.Thread):
             mv_hint = sum(leaf_rows.values())
         if stage_rows is not None:
             state = self.states[-1]
-            targets.append((state, stage_rows, state.key[0], joined_rows))
             mv_rows = self.dataflow.evaluate_stage(self.mv, plan, stage_rows)
             # an aggregate's MV: a row per group; window functions': a row per input row
             mv_hint = joined_rows if plan.window is not None else None
+            if plan.agg is None or keeps_input(plan.agg):
+                targets.append((state, stage_rows, state.key[0], joined_rows))
+            else:  # a state kept empty: the groups are estimated by a job of their own
+                mv_hint = changed_rows_bound(estimate_groups(stage_rows))
         # an MV of window functions is distributed by partition, as its state
         targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else "",
                         mv_hint))

@@ -1,8 +1,9 @@
 """Aggregate: GROUP BY (or a global aggregate) over the row stage's rows.
 
 Invariant: after epoch ``e`` the aggregate's state table holds its input rows,
-keyed ``(group JSON, row key)`` and distributed by group; the MV's rows are keyed
-by group JSON. Only the groups the epoch's changes touch are recomputed: their
+keyed ``(group JSON, row key)`` and distributed by group, when it ``keeps_input``
+(else it stays empty: running counts and sums need only the Δ); the MV's rows
+are keyed by group JSON. Only the groups the epoch's changes touch are recomputed: their
 input rows at ``e-1`` (the state, looked up by the touched groups and pruned to
 their vnodes) evaluated against those rows with the Δ applied — or, for running
 aggregates, each touched group's old values (its MV row: a keyed lookup, or the
@@ -37,7 +38,8 @@ from .keys import (
 )
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
-           "group_values", "outputs", "evaluate", "state_may_wait"]
+           "estimate_groups", "group_values", "keeps_input", "outputs", "evaluate",
+           "state_may_wait", "touched_groups"]
 
 
 def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
@@ -47,6 +49,30 @@ def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
     looks up its old values in the MV, which it reads whole when small."""
     return (plan.agg is not None and plan.agg.running is not None and bool(plan.agg.group)
             and plan.join is None and mv.row_count <= SCAN_ROWS)
+
+
+def keeps_input(spec: AggSpec) -> bool:
+    """Whether the aggregate keeps its input rows in its state table. A global
+    aggregate, and one whose values cannot run (``count(DISTINCT)``, ``avg``, a HAVING
+    clause, ...), recomputes each touched group from them; a running one reads them
+    only for a min/max a retraction takes away. Running counts and sums (and SELECT
+    DISTINCT, whose groups are all it keeps) need none: their state table stays
+    empty, and a bulk creation writes the MV alone."""
+    return spec.running is None or any(kind in ("min", "max") for _, kind, _ in spec.running)
+
+
+def touched_groups(delta: DataFrame) -> tuple[tuple[object, ...], tuple[int, ...]]:
+    """The distinct groups of a small input Δ and their vnodes, on the driver (one
+    Spark job)."""
+    rows = (delta.select(GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW]).alias("v"))
+            .distinct().collect())
+    return (tuple(sorted({r[0] for r in rows}, key=str)),
+            tuple(sorted({int(r[1]) for r in rows})))
+
+
+def estimate_groups(rows: DataFrame, column: str = GROUP_OF_ROW) -> int:
+    """About how many distinct groups ``rows`` hold (Spark's estimate; one job)."""
+    return int(rows.select(F.approx_count_distinct(column)).collect()[0][0] or 0)
 
 
 def changed_rows_bound(groups: int) -> int:

@@ -22,8 +22,8 @@ from ..storage.relation_store import IS_LIVE, Appended, retracts
 from ..storage.schema import names_sql
 from .changelog import after_images, before_images
 
-__all__ = ["Change", "change_of", "Emit", "Deferred", "StateDelta", "may_retract", "WEIGHT",
-           "signed", "net_change", "apply_delta"]
+__all__ = ["Change", "change_of", "Emit", "Deferred", "Unkept", "StateDelta", "may_retract",
+           "WEIGHT", "signed", "net_change", "apply_delta"]
 
 
 @dataclass
@@ -59,14 +59,28 @@ class Deferred:
     may_retract: bool
 
 
+@dataclass(frozen=True)
+class Unkept:
+    """A state table's Δ that is never appended: its operator needs the Δ itself but
+    never the rows it would keep (a running count or sum per group reads its old
+    values from the MV). ``keys`` and ``vnodes``: the Δ's distinct values of its
+    first key column and their vnodes, when brought to the driver (None: not
+    known); ``may_retract`` as ``Deferred``'s."""
+
+    delta: DataFrame
+    may_retract: bool
+    keys: tuple[object, ...] | None = None
+    vnodes: tuple[int, ...] | None = None
+
+
 #: a state table's Δ as its operator reads it: appended (read back from its files,
-#: with its keys and vnodes observed) or deferred to the epoch's flush
-StateDelta = Appended | Deferred
+#: with its keys and vnodes observed), deferred to the epoch's flush, or not kept
+StateDelta = Appended | Deferred | Unkept
 
 
 def may_retract(written: StateDelta) -> bool:
     """Whether a state table's Δ can hold before-images (``-``, ``U-``)."""
-    if isinstance(written, Deferred):
+    if isinstance(written, Deferred | Unkept):
         return written.may_retract
     return retracts(written.counts)
 

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, DataFile, RelationStore
 from ..storage.schema import quoted
-from .change import Deferred, StateDelta
+from .change import Deferred, StateDelta, Unkept
 from .changelog import union_all
 
 __all__ = ["normalized_sql", "normalized", "group_json_sql", "group_json",
@@ -56,10 +56,10 @@ def group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
     return F.expr(group_json_sql(group, types))
 
 
-def touched_partitions(written: Sequence[Appended], column: str,
+def touched_partitions(written: Sequence[Appended | Unkept], column: str,
                        ) -> tuple[object, ...] | DataFrame:
     """The distinct ``column`` values of state-table Δs: on the driver when each
-    write observed them, else a frame of them."""
+    write observed them (or the Δ's keys were collected), else a frame of them."""
     if all(w.keys is not None for w in written):
         return tuple(sorted({k for w in written for k in (w.keys or ())}, key=str))
     return union_all([w.delta.select(column) for w in written]).distinct()
@@ -72,13 +72,17 @@ def read_touched(store: RelationStore, rel: Relation, epoch: int,
     ``written`` touched (the values of their ``column``, ``rel``'s first key): a
     keyed lookup, its files pruned to the Δs' vnodes. When a Δ is deferred its keys
     are not known, and the whole of ``rel`` (small: the operator chose so) is read;
-    the caller's join with the Δ keeps the touched partitions. ``files``: ``rel``'s
-    files at ``epoch``, when the caller resolved them."""
-    if any(isinstance(w, Deferred) for w in written):
+    so is a small ``rel`` for a Δ not kept whose keys are not known. The caller's
+    join with the Δ keeps the touched partitions. ``files``: ``rel``'s files at
+    ``epoch``, when the caller resolved them."""
+    unknown = [w for w in written if isinstance(w, Unkept) and w.keys is None]
+    if any(isinstance(w, Deferred) for w in written) or (
+            unknown and rel.row_count <= SCAN_ROWS):
         return store.snapshot(rel.stored, epoch, few=True, files=files)
-    appended = [w for w in written if isinstance(w, Appended)]
-    keys = touched_partitions(appended, column)
+    keyed = [w for w in written if isinstance(w, Appended | Unkept)]
+    keys = touched_partitions(keyed, column)
     if isinstance(keys, DataFrame):
         keys = keys.select(F.col(column).alias(rel.key[0]))
-    return store.lookup(rel.stored, epoch, keys,
-                        vnodes=sorted({v for w in appended for v in w.vnodes}), files=files)
+    vnodes = None if any(w.vnodes is None for w in keyed) else sorted(
+        {v for w in keyed for v in (w.vnodes or ())})
+    return store.lookup(rel.stored, epoch, keys, vnodes=vnodes, files=files)

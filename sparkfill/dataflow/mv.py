@@ -30,11 +30,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ..sql.planner import MvPlan
 from ..storage.catalog import Relation
-from ..storage.relation_store import Appended, RelationStore
+from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
 from . import aggregate, join, project, topn, union, window
-from .change import Change, Emit, StateDelta
+from .change import Change, Emit, StateDelta, Unkept
 from .changelog import consolidate
+from .keys import SCAN_ROWS
 
 __all__ = ["DataflowResult", "MvDataflow"]
 
@@ -85,9 +86,10 @@ class MvDataflow:
         # stage 2: the aggregate, the window functions, or the rows themselves, become
         # the MV's changelog (the aggregate's and the window's input rows go to their
         # state table first)
+        written: StateDelta | None = None
         if plan.window is not None:
-            written = None if rows is None else self._emit_stage_input(plan, states[-1], rows,
-                                                                        emit, rows_hint)
+            if rows is not None:
+                written = self._emit_stage_input(plan, states[-1], rows, emit, rows_hint)
             assert written is None or isinstance(written, Appended)  # never deferred
             result.delta = window.window_change(self.store, mv, plan, states[-1], written,
                                                 epoch)
@@ -99,9 +101,15 @@ class MvDataflow:
                                            else before.selectExpr(*names_sql(names)),
                                            rows.after.selectExpr(*names_sql(names)), names, mv.key)
             return result
-        written = None if rows is None else self._emit_stage_input(
-            plan, states[-1], rows, emit, rows_hint,
-            deferrable=aggregate.state_may_wait(mv, plan))
+        if rows is not None and aggregate.keeps_input(plan.agg):
+            written = self._emit_stage_input(plan, states[-1], rows, emit, rows_hint,
+                                             deferrable=aggregate.state_may_wait(mv, plan))
+        elif rows is not None:
+            written = self._unkept_stage_input(mv, plan, states[-1], rows, rows_hint)
+            if rows_hint > LOCAL_WRITE_ROWS:  # a bulk Δ: its groups size the MV's write
+                result.rows_hint = aggregate.changed_rows_bound(
+                    aggregate.estimate_groups(written.delta))
+                self.store.spark_jobs += 1
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
                                                   epoch, initial)
         if isinstance(written, Appended) and written.key_count is not None:
@@ -144,6 +152,22 @@ class MvDataflow:
             self.stage_input_rows(plan, state, rows.after),
             [c.name for c in state.columns], state.key, state.key[:1]), rows_hint,
             deferrable=deferrable)
+
+    def _unkept_stage_input(self, mv: Relation, plan: MvPlan, state: Relation, rows: Change,
+                            rows_hint: int) -> Unkept:
+        """The row stage's change as the aggregate's state Δ, not appended (the
+        aggregate keeps no input rows); a small Δ's groups come to the driver (one
+        Spark job), so the MV's lookup of their old values stays a keyed one, unless
+        the MV is small enough to be read whole."""
+        delta = consolidate(
+            None if rows.before is None else self.stage_input_rows(plan, state, rows.before),
+            self.stage_input_rows(plan, state, rows.after),
+            [c.name for c in state.columns], state.key, state.key[:1])
+        if rows_hint <= LOCAL_WRITE_ROWS and mv.row_count > SCAN_ROWS:
+            keys, vnodes = aggregate.touched_groups(delta)
+            self.store.spark_jobs += 1
+            return Unkept(delta, rows.before is not None, keys, vnodes)
+        return Unkept(delta, rows.before is not None)
 
     def stage_input_rows(self, plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
         """Row-stage rows as rows of the state table of the aggregate or of the window
