@@ -17,7 +17,6 @@ import pytest
 from helpers import check_mv, mv_sql, subprocess_env
 from workload import create_table_sql, random_row
 
-import sparkfill.backfill.arrangement as arrangement
 from sparkfill import Engine, MaterializedViewNotReady
 
 MV = "SELECT id, g, v * 2 AS w, s FROM {src} WHERE v % 3 <> 0"
@@ -30,21 +29,7 @@ def _dml(eng, rng: random.Random, key_space: int, rows: int = 40) -> None:
     eng.sql(f"UPDATE t SET v = v + 1 WHERE g = {rng.randrange(5)}")
 
 
-@pytest.mark.parametrize("whole_vnodes", [True, False])
-def test_arrangement_is_default_and_exact_every_epoch(engine, spark, monkeypatch,
-                                                      whole_vnodes):
-    """Exact at every epoch, both when chunks read whole vnodes (their files' rows fit
-    the chunk) and when every chunk takes a quota of each active vnode in key order."""
-    monkeypatch.setattr(arrangement, "WHOLE_VNODES", whole_vnodes)
-    whole_reads = []
-    read_whole = arrangement.ArrangementScan._read_whole
-
-    def counted(self, *args, **kwargs):
-        whole_reads.append(args[2])
-        return read_whole(self, *args, **kwargs)
-
-    monkeypatch.setattr(arrangement.ArrangementScan, "_read_whole", counted)
-    engine.store.target_file_rows = 100  # files of a few vnodes each: chunks of whole files
+def test_arrangement_is_default_and_exact_every_epoch(engine, spark):
     rng = random.Random(5)
     engine.sql(create_table_sql("t"))
     engine.insert("t", [random_row(rng, k) for k in range(1500)])
@@ -66,7 +51,6 @@ def test_arrangement_is_default_and_exact_every_epoch(engine, spark, monkeypatch
             with pytest.raises(MaterializedViewNotReady):
                 engine.read("m")
     assert epochs >= 3, "a small chunk must spread the backfill over epochs"
-    assert bool(whole_reads) == whole_vnodes, whole_reads
     assert vnodes_seen == sorted(vnodes_seen) and vnodes_seen[-1] == 256
     assert 0 < vnodes_seen[0] < 256
     engine.sql(f"CREATE MATERIALIZED VIEW m2 WITH (backfill_chunk_rows = 250) AS "

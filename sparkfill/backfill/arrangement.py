@@ -8,9 +8,7 @@ bounded number of rows), in as many Spark tasks as the job's parallelism; a
 vnode whose read came back short of its quota is done. Progress is per vnode —
 ``NotStarted``, ``InProgress(pos, rows)``, ``Done(rows)`` — so it does not depend
 on how many tasks read it: the parallelism can change between epochs and after
-a restart. When the next pending vnodes fit the budget whole (bounded by the rows
-of the files that can hold them), a chunk is those files read as they are: no
-ordering by key, no shuffle, no cache.
+a restart.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from ..dataflow.change import Change
 from ..storage.catalog import Relation
 from ..storage.keyrange import Position, covered, position_struct
 from ..storage.meta_store import ProgressRow
-from ..storage.relation_store import DataFile, RelationStore
+from ..storage.relation_store import RelationStore
 from ..storage.schema import VNODE, VNODE_COUNT
 from .state import BackfillState, Done, InProgress, NotStarted, leaf_change
 
@@ -91,32 +89,6 @@ class VnodeProgress:
         return covered(done, positions, upstream.stored.key_columns)
 
 
-#: read whole vnodes when the next ones fit the budget (off: every chunk by quota)
-WHOLE_VNODES = True
-
-
-def choose_whole(progress: VnodeProgress, files: Sequence[DataFile], budget: int) -> list[int]:
-    """The next pending vnodes, in order, that a chunk of at most ``budget`` rows can
-    read whole: the rows of every file whose vnode range meets them (a bound on their
-    live rows, whatever the estimate says) fit the budget. None when the first pending
-    vnode's files alone do not."""
-    chosen: list[int] = []
-    met: set[int] = set()
-    bound = 0
-    for v, s in enumerate(progress.states):
-        if isinstance(s, Done):
-            continue
-        new = [i for i, f in enumerate(files)
-               if i not in met and f.vnode_min <= v <= f.vnode_max]
-        extra = sum(files[i].rows for i in new)
-        if bound + extra > budget:
-            break
-        chosen.append(v)
-        met.update(new)
-        bound += extra
-    return chosen
-
-
 def choose_active(progress: VnodeProgress, estimate: Sequence[float], budget: int,
                   parallelism: int) -> list[int]:
     """The vnodes to read this epoch: pending vnodes in order until their estimated
@@ -149,25 +121,18 @@ class ArrangementScan:
 
     def run(self, upstream: Relation, progress: VnodeProgress, budget: int,
             parallelism: int, delta_u: DataFrame | None, epoch: int) -> ArrangementResult:
-        cached: list[DataFrame] = []
         new_progress, chunk, n = progress, None, 0
         if budget > 0 and not progress.is_done:
-            new_progress, chunk, n, cached = self._read(upstream, progress, budget,
-                                                        parallelism, epoch - 1)
+            new_progress, chunk, n = self._read(upstream, progress, budget, parallelism,
+                                                epoch - 1)
         change = leaf_change(upstream, delta_u, progress.covered(upstream),
                              new_progress.covered(upstream), chunk)
-        return ArrangementResult(change, new_progress, n, cached)
+        return ArrangementResult(change, new_progress, n, [] if chunk is None else [chunk])
 
     def _read(self, upstream: Relation, progress: VnodeProgress, budget: int,
-              parallelism: int, epoch: int,
-              ) -> tuple[VnodeProgress, DataFrame, int, list[DataFrame]]:
-        """Read the next rows of the active vnodes of ``snapshot(epoch)``; returns the
-        new progress, the chunk, its rows and what the read cached (to release)."""
+              parallelism: int, epoch: int) -> tuple[VnodeProgress, DataFrame, int]:
+        """Read the next rows of the active vnodes of ``snapshot(epoch)``."""
         up = upstream.stored
-        files = self.store.files_at(up, epoch)
-        whole = choose_whole(progress, files, budget) if WHOLE_VNODES else []
-        if whole:
-            return (*self._read_whole(upstream, progress, whole, epoch, files), [])
         estimate = self.store.estimate_rows_by_vnode(up, epoch, upstream.row_count)
         active = choose_active(progress, estimate, budget, parallelism)
         quota = max(1, math.ceil(budget / len(active)))
@@ -198,26 +163,4 @@ class ArrangementScan:
             else:
                 key = tuple(last[f"k{i}"] for i in range(len(up.key)))
                 states[v] = InProgress(Position(v, key), done_rows + n_v)
-        return VnodeProgress(tuple(states)), chunk, total, [chunk]
-
-    def _read_whole(self, upstream: Relation, progress: VnodeProgress, whole: Sequence[int],
-                    epoch: int, files: Sequence[DataFile],
-                    ) -> tuple[VnodeProgress, DataFrame, int]:
-        """Read the rest of each of the vnodes ``whole`` from ``snapshot(epoch)``: their
-        files, no shuffle and no cache; the rows per vnode, for progress, are counted
-        by a job that reads the vnode column alone."""
-        up = upstream.stored
-        chunk = self.store.snapshot(up, epoch, vnodes=whole, files=files, bulk=True)
-        started = {v: s.pos.key for v in whole
-                   if isinstance(s := progress.states[v], InProgress) and s.pos.key is not None}
-        if started:
-            chunk = chunk.where(~covered([], started, up.key_columns))
-        counts = {int(r[0]): int(r[1])
-                  for r in chunk.groupBy(VNODE).count().collect()}
-        self.store.spark_jobs += 1
-        states = list(progress.states)
-        for v in whole:
-            before = states[v]
-            states[v] = Done((0 if isinstance(before, NotStarted) else before.rows)
-                             + counts.get(v, 0))
-        return VnodeProgress(tuple(states)), chunk, sum(counts.values())
+        return VnodeProgress(tuple(states)), chunk, total
