@@ -271,13 +271,13 @@ class SnapshotJob(threading.Thread):
                 targets.append((state, rows, JOIN_KEY, leaf_rows.get(side, 0)))
                 sides.append(rows.select(*[c.name for c in self.leaves[side].columns]))
             joined = self.dataflow.project(plan, sides)
-            joined_rows = max(leaf_rows.get(0, 0), leaf_rows.get(1, 0))
+            input_rows = max(leaf_rows.get(0, 0), leaf_rows.get(1, 0))
             if staged:
                 stage_rows = self.dataflow.stage_input_rows(plan, self.states[-1], joined)
             else:
-                mv_rows, mv_hint = joined.select(*[c.name for c in self.mv.columns]), joined_rows
+                mv_rows, mv_hint = joined.select(*[c.name for c in self.mv.columns]), input_rows
         elif staged:
-            stage_rows, joined_rows = self._chunks_of(0, self.states[-1]), leaf_rows.get(0, 0)
+            stage_rows, input_rows = self._chunks_of(0, self.states[-1]), leaf_rows.get(0, 0)
         else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
             mv_rows = union_all([self._chunks_of(leaf, self.mv)
                                  for leaf in range(len(self.leaves))])
@@ -286,16 +286,16 @@ class SnapshotJob(threading.Thread):
             state = self.states[-1]
             mv_rows = self.dataflow.evaluate_stage(self.mv, plan, stage_rows)
             # an aggregate's MV: a row per group; window functions': a row per input row
-            mv_hint = joined_rows if plan.window is not None else None
+            mv_hint = input_rows if plan.window is not None else None
             if plan.agg is None or keeps_input(plan.agg):
-                targets.append((state, stage_rows, state.key[0], joined_rows))
+                targets.append((state, stage_rows, state.key[0], input_rows))
             else:  # a state kept empty: the groups are estimated by a job of their own
                 mv_hint = changed_rows_bound(estimate_groups(stage_rows))
         # an MV of window functions is distributed by partition, as its state
         targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else "",
                         mv_hint))
         manifest: dict[str, Any] = {}
-        groups = 0
+        groups = 0  # observed by the last write: an aggregate's state comes before its MV
         for rel, rows, dist, hint in targets:
             self._clear_uncommitted(rel)
             rows = rows.withColumn(VNODE, vnode_expr([dist] if dist else list(rel.key)))

@@ -147,11 +147,16 @@ class MvDataflow:
         """Append the row stage's change to the aggregate's or the window's state table
         (distributed by its first key column, the group or partition); ``deferrable``:
         the append may wait for the epoch's flush."""
-        return emit(state, consolidate(
+        return emit(state, self._stage_delta(plan, state, rows), rows_hint,
+                    deferrable=deferrable)
+
+    def _stage_delta(self, plan: MvPlan, state: Relation, rows: Change) -> DataFrame:
+        """The row stage's change as a changelog of the aggregate's or the window's
+        state table (distributed by its first key column)."""
+        return consolidate(
             None if rows.before is None else self.stage_input_rows(plan, state, rows.before),
             self.stage_input_rows(plan, state, rows.after),
-            [c.name for c in state.columns], state.key, state.key[:1]), rows_hint,
-            deferrable=deferrable)
+            [c.name for c in state.columns], state.key, state.key[:1])
 
     def _unkept_stage_input(self, mv: Relation, plan: MvPlan, state: Relation, rows: Change,
                             rows_hint: int) -> Unkept:
@@ -159,10 +164,7 @@ class MvDataflow:
         aggregate keeps no input rows); a small Δ's groups come to the driver (one
         Spark job), so the MV's lookup of their old values stays a keyed one, unless
         the MV is small enough to be read whole."""
-        delta = consolidate(
-            None if rows.before is None else self.stage_input_rows(plan, state, rows.before),
-            self.stage_input_rows(plan, state, rows.after),
-            [c.name for c in state.columns], state.key, state.key[:1])
+        delta = self._stage_delta(plan, state, rows)
         if rows_hint <= LOCAL_WRITE_ROWS and mv.row_count > SCAN_ROWS:
             keys, vnodes = aggregate.touched_groups(delta)
             self.store.spark_jobs += 1

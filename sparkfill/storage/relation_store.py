@@ -845,11 +845,12 @@ def _delta_metrics(key_column: str | None = None,
 def _observed(values: dict[str, Any]) -> Observed:
     counts = {op: int(values.get(f"op{i}") or 0) for i, op in enumerate(OPS)}
     keys = values.get("key_values")
-    count = values.get("key_count")
     known = None if keys is None or len(keys) > KEY_VALUES else tuple(keys)
+    # exact when the values themselves are known, else the write's estimate
+    count = len(known) if known is not None else values.get("key_count")
     return Observed({op: n for op, n in counts.items() if n},
                     tuple(sorted(int(v) for v in values.get("vnodes") or ())), known,
-                    len(known) if known is not None else None if count is None else int(count))
+                    None if count is None else int(count))
 
 
 def _epochs_within(files: Sequence[DataFile], after: int, upto: int) -> SparkColumn:
