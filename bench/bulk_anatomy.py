@@ -13,8 +13,13 @@ With ``--create``, after the load (and ``d``'s), each MV of the steady benchmark
 until created, next to a batch CTAS of the same query by Spark over Parquet copies of
 the committed ``t`` and ``d`` (the copies are not timed), with the same job listing.
 
+With ``--row-groups A B``, the attempts alternate between files of A and of B row
+groups (``RelationStore.file_row_groups``; 1: a file per range of vnodes), and the
+medians are reported per variant: a paired before/after of the file layout.
+
 Classic sessions only (it reads the Spark UI). Usage:
     python bench/bulk_anatomy.py [--rows 1000000] [--repeat 2] [--create]
+        [--row-groups 1 10]
 """
 
 from __future__ import annotations
@@ -120,15 +125,21 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--create", action="store_true",
                         help="also blocking CREATE of each MV next to a batch CTAS")
+    parser.add_argument("--row-groups", type=int, nargs="+", default=[],
+                        help="alternate the attempts between files of these row groups")
     args = parser.parse_args()
+    variants = args.row_groups or [None]
     spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
                                 extra_conf={"spark.ui.enabled": "true"})
     jobs = Jobs(spark)
     spark_s: list[float] = []
-    engine_s: list[float] = []
+    engine_v: dict[int | None, list[float]] = {v: [] for v in variants}
     ctas_s: dict[str, list[float]] = {name: [] for name in sb.MVS}
-    create_s: dict[str, list[float]] = {name: [] for name in sb.MVS}
-    for attempt in range(args.repeat):
+    create_v: dict[int | None, dict[str, list[float]]] = {
+        v: {name: [] for name in sb.MVS} for v in variants}
+    for attempt in range(args.repeat * len(variants)):
+        variant = variants[attempt % len(variants)]
+        engine_s, create_s = engine_v[variant], create_v[variant]
         work = Path(tempfile.mkdtemp(prefix="bulk-anatomy-"))
         try:
             df = sb.initial_t(spark, args.rows)
@@ -139,6 +150,9 @@ def main() -> int:
             spark_s.append(wall)
             jobs.report(f"[{attempt}] Spark writes {args.rows:,} rows as Parquet", wall)
             eng = Engine(work / "warehouse", spark=spark)
+            if variant is not None:
+                eng.store.file_row_groups = variant
+                print(f"[{attempt}] files of {variant} row groups")
             try:
                 eng.sql(sb.T_DDL)
                 jobs.mark()
@@ -160,13 +174,17 @@ def main() -> int:
                 eng.close()
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    spark_med, engine_med = statistics.median(spark_s), statistics.median(engine_s)
-    print(f"\nmedian: Spark's Parquet write {spark_med:.2f} s; insert + step "
-          f"{engine_med:.2f} s ({engine_med / spark_med:.1f}x)")
-    for name in sb.MVS if args.create else ():
-        ctas, create = statistics.median(ctas_s[name]), statistics.median(create_s[name])
-        print(f"median {name}: batch CTAS {ctas:.2f} s; blocking CREATE {create:.2f} s "
-              f"({create / ctas:.1f}x)")
+    spark_med = statistics.median(spark_s)
+    for variant in variants:
+        label = "" if variant is None else f" [files of {variant} row groups]"
+        engine_med = statistics.median(engine_v[variant])
+        print(f"\nmedian{label}: Spark's Parquet write {spark_med:.2f} s; insert + step "
+              f"{engine_med:.2f} s ({engine_med / spark_med:.1f}x)")
+        for name in sb.MVS if args.create else ():
+            ctas = statistics.median(ctas_s[name])
+            create = statistics.median(create_v[variant][name])
+            print(f"median{label} {name}: batch CTAS {ctas:.2f} s; blocking CREATE "
+                  f"{create:.2f} s ({create / ctas:.1f}x)")
     return 0
 
 

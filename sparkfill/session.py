@@ -63,6 +63,10 @@ SESSION_CONF: dict[str, str] = {
     # stop 40). A static setting (a Connect server's, set when it starts); pyspark
     # reads it once per process, at the first Column call
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # a read names its files one by one; from 32 of them Spark lists them in a Spark
+    # job of its own (about 1 s: a 16M-row relation is 256 files), where the driver
+    # takes milliseconds to stat them in the warehouse's folder
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
 }
 
 #: The settings of ``SESSION_CONF`` a Spark Connect client may set on its session
@@ -77,6 +81,7 @@ RUNTIME_CONF: tuple[str, ...] = (
     "spark.sql.adaptive.enabled",
     "spark.sql.optimizer.inSetConversionThreshold",
     "spark.sql.optimizer.inSetSwitchThreshold",
+    "spark.sql.sources.parallelPartitionDiscovery.threshold",
 )
 
 #: pyspark's variable naming a Spark Connect server (``sc://host:port``)

@@ -4,8 +4,12 @@ Invariants:
 - *log* files (``log/e<epoch>-*``) hold one epoch's consolidated changelog, or
   (``log/m<epoch>-*``) the rows of such files merged, every row kept with its epoch;
   *base* files (``base/c<epoch>-*``) hold the live rows as of compaction epoch
-  ``c``; both are sorted by ``(_vnode, pk)`` and carry min/max statistics on
-  ``_vnode``, ``_epoch`` and the first key column, so range reads prune files.
+  ``c``. A file holds a contiguous range of vnodes and carries min/max statistics
+  on ``_vnode``, ``_epoch`` and the first key column, so range reads prune files.
+  A file written by Spark holds ``file_row_groups`` ranges of ``target_file_rows``
+  rows in row groups of a fifth of a range, each within about one range, so a read
+  restricted to vnodes (filtered on ``_vnode``) skips the others' row groups; a
+  file written by the driver is one row group, sorted by ``(_vnode, pk)``.
 - ``snapshot(e)`` = base@c merged with log rows in ``(c, e]``: the latest change
   per key wins, deletes drop the key. It reads the Delta version the meta store
   recorded for ``e``, never anything above the committed epoch.
@@ -56,7 +60,14 @@ from .schema import (
     physical_struct,
     quoted,
 )
-from .spark_files import WrittenFile, empty_frame, parquet_stats, read_parquet, write_parquet
+from .spark_files import (
+    WrittenFile,
+    empty_frame,
+    parquet_stats,
+    read_parquet,
+    spark_native,
+    write_parquet,
+)
 from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
@@ -71,6 +82,8 @@ KEY_VALUES = 10_000
 #: written there (still one Spark job, without Spark's file-commit protocol, which
 #: costs more than the rows of a small Δ); a larger one is written by the executors
 LOCAL_WRITE_ROWS = 20_000
+#: row groups per file of a Spark write to a local warehouse (``RelationStore.file_row_groups``)
+FILE_ROW_GROUPS = 10
 #: a log of at most this many rows that has too many files is merged into one log
 #: file on the driver (every row kept); a larger log is folded into base
 MERGE_LOG_ROWS = 100_000
@@ -106,6 +119,26 @@ class StoredRelation:
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+
+@dataclass(frozen=True)
+class VnodeSpan:
+    """The vnodes a read keeps: those in ``[lo, hi]`` and, when given, in the sorted
+    ``wanted``."""
+
+    lo: int
+    hi: int
+    wanted: tuple[int, ...] | None
+
+    def overlaps(self, vmin: int, vmax: int) -> bool:
+        """Whether a file or row group of vnodes ``[vmin, vmax]`` can hold one."""
+        lo, hi = max(self.lo, vmin), min(self.hi, vmax)
+        if lo > hi:
+            return False
+        if self.wanted is None:
+            return True
+        i = bisect.bisect_left(self.wanted, lo)
+        return i < len(self.wanted) and self.wanted[i] <= hi
 
 
 @dataclass(frozen=True)
@@ -184,6 +217,7 @@ class RelationStore:
         warehouse: Warehouse,
         meta: MetaStore,
         target_file_rows: int = 50_000,
+        file_row_groups: int | None = None,
         max_log_files: int = 16,
         log_fraction: float = 1.0,
         min_compact_rows: int = 10_000,
@@ -193,11 +227,23 @@ class RelationStore:
         #: the URI of the folder holding every relation's Delta table
         self.root = warehouse.join("relations")
         self.meta = meta
+        #: the rows of a range of vnodes written together: what a read of a few
+        #: vnodes reads at least
         self.target_file_rows = target_file_rows
+        #: row groups per file of a Spark write (each Spark task writing a file costs
+        #: about as much as 25,000 rows: 20 files take 2.4x the time of 2 for the same
+        #: 1M rows, bench/RESULTS.md "Stop 43"); the row groups of a file hold about
+        #: consecutive vnode ranges, so a vnode-restricted read still skips the rest.
+        #: One on object storage, whose reader reads whole files
+        self.file_row_groups = (file_row_groups if file_row_groups is not None
+                                else FILE_ROW_GROUPS if spark_native(warehouse) else 1)
         self.max_log_files = max_log_files
         self.log_fraction = log_fraction
         self.min_compact_rows = min_compact_rows
         self._files_cache: OrderedDict[tuple[str, int], list[DataFile]] = OrderedDict()
+        #: the (rows, first vnode, last vnode) of each row group of the files of more
+        #: than one, from their footers (files never change)
+        self._row_groups: OrderedDict[str, tuple[tuple[int, int, int], ...]] = OrderedDict()
         #: each relation's table as last opened at its latest version, brought up to
         #: date (its new log entries read) when used again: opening a table reads its
         #: checkpoint and log, which an epoch would do ~10-20 times
@@ -291,17 +337,52 @@ class RelationStore:
     # --- reads ----------------------------------------------------------------------------
 
     def _read(self, rel: StoredRelation, files: Sequence[DataFile],
-              bulk: bool = False) -> DataFrame:
+              bulk: bool = False, within: VnodeSpan | None = None) -> DataFrame:
         """The rows of ``files``; ``bulk``: they feed work in proportion to their
         number (a backfill's chunk), so they keep one task per file split even when
-        few (a small read is otherwise one partition: see ``read_parquet``)."""
+        few (a small read is otherwise one partition: see ``read_parquet``);
+        ``within``: the vnodes the caller's filter keeps, so only the row groups that
+        can hold them are read (and counted as read)."""
         schema = physical_struct(rel.columns)
         if not files:
             return empty_frame(self.spark, schema)
-        rows = sum(f.rows for f in files)
+        rows = sum(self._rows_within(f, within) for f in files)
         self.rows_read[self.reader or rel.name] += rows
         return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files],
                             None if bulk else rows)
+
+    @property
+    def row_group_rows(self) -> int:
+        """The rows of a row group of a Spark write: a fifth of a range of vnodes. The
+        rows of a range are not sorted, so each of its row groups spans the range's
+        vnodes, and one may straddle two ranges; a read of one range then reads its
+        own row groups and at most two straddling ones, about 1.1-1.4x its rows (with
+        row groups of half a range, 1.4x measured: bench/RESULTS.md "Stop 43")."""
+        return max(1, self.target_file_rows // 5)
+
+    def _grouped(self, f: DataFile) -> bool:
+        """Whether ``f`` is a file of several row groups that a vnode filter prunes."""
+        return f.rows > self.row_group_rows and spark_native(self.warehouse)
+
+    def _rows_within(self, f: DataFile, within: VnodeSpan | None) -> int:
+        """The rows of ``f`` a read keeping the vnodes ``within`` reads: the rows of
+        its row groups whose vnode range holds one of them (Spark skips the others
+        by their statistics); all of them for a file of one row group."""
+        if within is None or not self._grouped(f):
+            return f.rows
+        groups = self._row_groups.get(f.uri)
+        if groups is None:
+            md = self.warehouse.parquet_metadata(f.uri)
+            idx = [md.schema.column(i).name for i in range(md.num_columns)].index(VNODE)
+            found = []
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(idx).statistics
+                lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (0, 255)
+                found.append((md.row_group(g).num_rows, int(lo), int(hi)))
+            groups = self._row_groups[f.uri] = tuple(found)
+            while len(self._row_groups) > 4096:
+                self._row_groups.popitem(last=False)
+        return sum(n for n, lo, hi in groups if within.overlaps(lo, hi))
 
     def snapshot(
         self,
@@ -341,22 +422,25 @@ class RelationStore:
         cond = gt(after, rel.key_columns)
         if vnode_hi is not None:
             cond = cond & (F.col(VNODE) <= F.lit(vnode_hi))
+        within = VnodeSpan(lo_v, hi_v, None)
         if vnodes is not None:
             wanted = sorted(set(vnodes))
-            selected = [f for f in selected
-                        if any(f.vnode_min <= v <= f.vnode_max for v in wanted)]
-            if vnode_rows or not wanted:
+            within = VnodeSpan(lo_v, hi_v, tuple(wanted))
+            selected = [f for f in selected if within.overlaps(f.vnode_min, f.vnode_max)]
+            # a lookup's keys already keep only rows of their vnodes; the filter is
+            # for Spark to skip the row groups of other vnodes in a file of several
+            if vnode_rows or not wanted or any(self._grouped(f) for f in selected):
                 cond = cond & (vnode_in(wanted) if wanted else F.lit(False))
         if where is not None:
             cond = cond & where
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
-        base_rows = self._read(rel, base, bulk).where(cond)
+        base_rows = self._read(rel, base, bulk, within).where(cond)
         base_df = base_rows.selectExpr(*names_sql(out_cols))
         if not log:
             return base_df
-        log_df = self._read(rel, log, bulk).where(
+        log_df = self._read(rel, log, bulk, within).where(
             cond & _epochs_within(log, base_epoch, epoch))
         few = few or where is not None
         if few and base:
@@ -416,22 +500,46 @@ class RelationStore:
 
     # --- writes ---------------------------------------------------------------------------
 
+    def vnode_ranges(self, rows: int) -> int:
+        """The ranges of vnodes a Spark write of about ``rows`` rows places them in."""
+        return min(256, max(1, math.ceil(rows / self.target_file_rows)))
+
+    def place_by_vnode_range(self, df: DataFrame, rows: int) -> tuple[DataFrame, str] | None:
+        """``df`` (with ``_vnode``) in the partitions an append of about ``rows`` rows
+        writes (``vnode_ranges(rows)`` ranges of vnodes, placed by id) and the SQL of
+        its range column, or None when the write would place it another way. A window
+        partitioned by that column first (then by the key) runs in these partitions
+        without an exchange of its own, and an append told ``placed`` writes them
+        as they are: the rows of a load are shuffled once, not twice."""
+        n_ranges = self.vnode_ranges(rows)
+        if n_ranges == 1 or rows <= LOCAL_WRITE_ROWS or not hasattr(df, "repartitionById"):
+            return None
+        return df.repartitionById(n_ranges, F.expr(range_id_sql(n_ranges))), \
+            range_id_sql(n_ranges)
+
     def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str, rows: int,
                      register: bool = True, observation: Observation | None = None,
                      key_column: str | None = None, count_column: str | None = None,
-                     ) -> list[AddAction | RemoveAction]:
+                     placed: bool = False) -> list[AddAction | RemoveAction]:
         """Write ``df`` as Parquet files of vnode ranges under ``subdir`` (one Spark job;
         with ``observation``, the written rows are counted per ``_op`` and their vnodes
         (and the distinct values of ``count_column``, and the values themselves of
-        ``key_column``) collected in the same job). The rows of a file are not sorted:
-        a file is selected by its vnode and key ranges, which do not depend on the
-        order, and it is one Parquet row group (``target_file_rows``), read whole;
-        a sort would cost a fifth of the write. At most 256 files: one vnode each at
-        the finest."""
+        ``key_column``) collected in the same job). The rows are placed in ranges of
+        vnodes of about ``target_file_rows`` rows each (at most 256: one vnode each at
+        the finest), and ``file_row_groups`` consecutive ranges are written as one
+        file, in row groups of ``row_group_rows``: a row group spans about one range,
+        so a read of a few vnodes skips the other row groups, while the write pays
+        for a tenth of the files. The rows are not sorted (a sort would cost a fifth
+        of the write). ``placed``: ``df`` is already in those ranges
+        (``place_by_vnode_range`` of the same ``rows``)."""
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
-        n_files = min(256, max(1, math.ceil(rows / self.target_file_rows)))
-        ordered, sampled = _by_vnode_range(df, n_files, rel.key)
+        n_ranges = self.vnode_ranges(rows)
+        n_files = max(1, math.ceil(n_ranges / self.file_row_groups))
+        ordered, sampled = (df, False) if placed else _by_vnode_range(df, n_ranges, rel.key)
+        if n_files < n_ranges:
+            # consecutive ranges into one file each, in order (no second shuffle)
+            ordered = ordered.coalesce(n_files)
         schema = physical_struct(rel.columns)
         ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
         if observation is not None:
@@ -439,7 +547,8 @@ class RelationStore:
             ordered = ordered.observe(observation, *_delta_metrics(key_column, count_column))
         if register:
             self.meta.add_pending_dir(rel.id, out)
-        written = write_parquet(ordered, self.warehouse, out, [VNODE, EPOCH, rel.key[0]])
+        written = write_parquet(ordered, self.warehouse, out, [VNODE, EPOCH, rel.key[0]],
+                                row_group_rows=self.row_group_rows)
         if register:  # the epoch loop's writes (a snapshot job's run beside it)
             self.spark_jobs += 2 if sampled else 1  # a range partitioner samples first
         now_ms = int(time.time() * 1000)
@@ -518,13 +627,15 @@ class RelationStore:
         return actions, _observed(values)
 
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
-               rows_hint: int, collect_keys: bool = False) -> Appended | None:
+               rows_hint: int, collect_keys: bool = False,
+               placed: bool = False) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
         job; None when it is empty (nothing is committed). ``rows_hint``: about how
         many rows it holds (it sets the number of files). ``collect_keys``: bring the
         first key column's distinct values to the driver (``Appended.keys``) when
-        there are at most ``KEY_VALUES``. Idempotent per epoch: a retried append
-        finds the files the first one committed."""
+        there are at most ``KEY_VALUES``. ``placed``: ``delta`` is in the partitions
+        of ``place_by_vnode_range(rows_hint)``. Idempotent per epoch: a retried
+        append finds the files the first one committed."""
         dt = self._table(rel)
         if (done := self._committed_append(dt, rel, epoch, collect_keys)) is not None:
             return done[0]
@@ -540,7 +651,8 @@ class RelationStore:
             actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
                                         rows_hint, observation=observation,
                                         key_column=key_column,
-                                        count_column=rel.key[0] if collect_keys else None)
+                                        count_column=rel.key[0] if collect_keys else None,
+                                        placed=placed)
             observed = _observed(observation.get)
         return self._commit_append(dt, rel, epoch, subdir, actions, observed)
 
@@ -788,6 +900,11 @@ class RelationStore:
             self.warehouse.rmtree(dir_)
 
 
+def range_id_sql(n_ranges: int) -> str:
+    """The SQL of the range of vnodes (``0 <= id < n_ranges``) a row is placed in."""
+    return f"CAST(FLOOR({VNODE} * {int(n_ranges)} / 256) AS INT)"
+
+
 def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[DataFrame, bool]:
     """``df`` in ``n_files`` partitions, each a contiguous range of vnodes (with the
     keys, when there are more files than vnodes), and whether placing them runs a
@@ -799,8 +916,7 @@ def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[Da
     if n_files == 1:
         return df.coalesce(1), False
     if n_files <= 256 and hasattr(df, "repartitionById"):
-        part = F.floor(F.col(VNODE) * F.lit(n_files) / F.lit(256)).cast("int")
-        return df.repartitionById(n_files, part), False
+        return df.repartitionById(n_files, F.expr(range_id_sql(n_files))), False
     return df.repartitionByRange(n_files, VNODE, *key), True
 
 

@@ -117,12 +117,18 @@ def read_texts(spark: SparkSession, location: Warehouse, uris: Sequence[str]) ->
 
 
 def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
-                  stats_columns: Sequence[str]) -> list[WrittenFile]:
+                  stats_columns: Sequence[str],
+                  row_group_rows: int | None = None) -> list[WrittenFile]:
     """Write ``df`` under ``dir_uri`` as one snappy Parquet file per partition (rows in
-    their order); the files written, sorted by URI. A partition without rows leaves no
-    file: an empty file has no statistics, and a reader must not guess its range."""
+    their order, row groups of at most ``row_group_rows`` rows when given); the files
+    written, sorted by URI. A partition without rows leaves no file: an empty file has
+    no statistics, and a reader must not guess its range."""
     if spark_native(warehouse):
-        df.write.mode("overwrite").option("compression", "snappy").parquet(dir_uri)
+        spark_writer = df.write.mode("overwrite").option("compression", "snappy")
+        if row_group_rows is not None:
+            spark_writer = spark_writer.option("parquet.block.row.count.limit",
+                                               str(row_group_rows))
+        spark_writer.parquet(dir_uri)
         written = []
         for uri in warehouse.list(dir_uri):
             name = Warehouse.name_of(uri)
