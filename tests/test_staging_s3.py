@@ -68,7 +68,7 @@ def test_dml_is_staged_read_and_removed_on_s3(spark, s3_server, s3_warehouse, tm
 
         # the epoch's Δ of the three batches (no earlier rows): the last change wins
         store = RelationStore(spark, wh, meta)
-        delta = table_delta(spark, store, rel, batches, 0).collect()
+        delta = table_delta(spark, store, rel, batches, 0).delta.collect()
         assert sorted((r["id"], r["v"], r["_op"]) for r in delta) == [
             (2, "B", "+"), (3, "c", "+")]
 

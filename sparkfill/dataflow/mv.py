@@ -51,6 +51,9 @@ class DataflowResult:
     #: the Δ's write (a few thousand groups are written by the driver, not as files of
     #: vnode ranges sized by the million input rows they came from)
     rows_hint: int | None = None
+    #: ``delta`` is already in the partitions its append writes, for the hint it is
+    #: appended with (a first load: ``RelationStore.place_by_vnode_range``)
+    placed: bool = False
 
 
 class MvDataflow:

@@ -95,11 +95,11 @@ class EpochAppends:
     deferred: list[tuple[Relation, DataFrame]] = field(default_factory=list)
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
-               tag: int | None = None) -> Appended | None:
+               tag: int | None = None, placed: bool = False) -> Appended | None:
         tag = self.epoch if tag is None else tag
         # a state table's touched keys drive its operator's lookups: on the driver
         written = self.store.append(rel.stored, tag, delta, rows_hint,
-                                    collect_keys=rel.kind == "state")
+                                    collect_keys=rel.kind == "state", placed=placed)
         if written is None:
             return None
         self.deltas[rel.id] = written.delta
@@ -421,7 +421,7 @@ class EpochCoordinator:
                     appends.defer(rel, out.delta)
                 else:
                     with self.store.reading_for(rel.name):
-                        appends.append(rel, out.delta, hint, out.tag)
+                        appends.append(rel, out.delta, hint, out.tag, out.placed)
             if scans:
                 own_seconds[rel.id] = time.time() - began
         # the small Δs of created MVs nothing reads this epoch: one Spark job for all
@@ -502,9 +502,9 @@ class EpochCoordinator:
             batches = by_table.get(rel.id)
             if not batches:
                 return None, [], 0
-            return (DataflowResult(table_delta(self.spark, self.store, rel, batches, epoch - 1,
-                                               int(plan["proctime_us"]))),
-                    [], sum(b.rows for b in batches))
+            delta, placed = table_delta(self.spark, self.store, rel, batches, epoch - 1,
+                                        int(plan["proctime_us"]))
+            return (DataflowResult(delta, placed=placed), [], sum(b.rows for b in batches))
         assert rel.plan is not None and rel.options is not None
         leaves = self.catalog.leaves_of(rel)
         states = self.catalog.states_of(rel)

@@ -18,7 +18,7 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,12 +39,13 @@ from .schema import (
     quoted,
     spark_type,
     vnode_expr,
+    vnode_sql,
     vnodes_of,
 )
 from .spark_files import read_parquet, write_parquet
 from .warehouse import Warehouse
 
-__all__ = ["DmlStager", "table_delta", "UPSERT", "DELETE"]
+__all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
 
 #: a DML batch of at most this many rows collects its keys to prune the lookup of
 #: their old rows by the files' key ranges (beyond it: by vnodes only)
@@ -296,18 +297,37 @@ def _staged_files(warehouse: Warehouse, batches: Sequence[StagedBatch],
     return files, single
 
 
+class TableDelta(NamedTuple):
+    """A table's changelog for an epoch, and whether it is already in the partitions
+    its append writes (``RelationStore.place_by_vnode_range``)."""
+
+    delta: DataFrame
+    placed: bool = False
+
+
 def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
                 batches: Sequence[StagedBatch], prev_epoch: int,
-                proctime_us: int | None = None) -> DataFrame:
+                proctime_us: int | None = None) -> TableDelta:
     """The consolidated changelog of ``rel`` for the staged ``batches``. Every row
     they write holds ``proctime_us`` (the epoch's processing time, microseconds
-    since the Unix epoch) in the table's processing-time column, if it has one."""
+    since the Unix epoch) in the table's processing-time column, if it has one.
+
+    Into an empty table (a first load) the staged rows are shuffled once: placed in
+    the vnode ranges their append writes, where the last change of each key is
+    found too (all rows of a key share its vnode), not by key and then by range."""
     key = list(rel.key)
     cols = [c.name for c in rel.columns]
     files, single = _staged_files(store.warehouse, batches)
-    staged = read_parquet(spark, store.warehouse, _stage_struct(rel), files,
-                          sum(b.rows for b in batches))
-    order = Window.partitionBy(*key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
+    rows = sum(b.rows for b in batches)
+    staged = read_parquet(spark, store.warehouse, _stage_struct(rel), files, rows)
+    before = store.files_at(rel.stored, prev_epoch)
+    placed = None if before else store.place_by_vnode_range(
+        staged.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key]))), rows)
+    by_key = [F.col(quoted(k)) for k in key]
+    if placed is not None:
+        staged = placed[0]
+        by_key = [F.expr(placed[1]), *by_key]
+    order = Window.partitionBy(*by_key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
     latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
               .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
     new = latest.where(F.col(KIND) == UPSERT).selectExpr(*names_sql(cols))
@@ -319,12 +339,11 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
         now = F.timestamp_micros(F.lit(int(proctime_us)))
         new = new.select(*[now.alias(c) if c == rel.proctime else F.col(quoted(c))
                            for c in cols])
-    before = store.files_at(rel.stored, prev_epoch)
     # an empty table (a first load): every row is an insert; no old rows to look up,
     # no images to pair
     old = (_old_rows(store, rel, batches, files, single, latest, prev_epoch, before)
            if before else None)
-    return consolidate(old, new, cols, key)
+    return TableDelta(consolidate(old, new, cols, key), placed is not None)
 
 
 def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
