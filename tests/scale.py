@@ -50,9 +50,11 @@ def at_scale(monkeypatch: pytest.MonkeyPatch, rows: int = 40) -> None:
 
 def compact_often(eng: Any, rows: int = 40) -> None:
     """The engine's store merges a log of four files and folds one of ``2 * rows``,
-    into files of ``rows // 2`` rows: a fold writes several files, each a range of
-    vnodes, and a relation whose rows sit in few vnodes (a global aggregate's state, a
-    join on a constant key) leaves some of those ranges empty."""
+    in ranges of vnodes of ``rows // 2`` rows: a fold writes several ranges (as row
+    groups of one file where Spark writes them locally, so reads of a few vnodes
+    skip row groups; as files on object storage), and a relation whose rows sit in
+    few vnodes (a global aggregate's state, a join on a constant key) leaves some of
+    those ranges empty."""
     eng.store.max_log_files = 4
     eng.store.min_compact_rows = 2 * rows
     eng.store.target_file_rows = max(1, rows // 2)

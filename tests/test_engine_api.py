@@ -3,6 +3,7 @@ reopening a warehouse, SHOW / SET / DROP, cancelling a creating MV, options."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -168,6 +169,52 @@ def test_dml_applies_in_call_order_within_epoch(engine, spark):
             "SELECT tag, count(*) AS c, sum(v) AS s FROM {t} GROUP BY tag", t=engine.read("kv")
         ),
     )
+
+
+def test_a_first_load_is_placed_once_and_keeps_call_order(engine, spark, monkeypatch):
+    """A load into an empty table, large enough for Spark to write it: its rows are
+    placed in the vnode ranges of the write (the last change of each key found there,
+    in call order across batches), and the files written hold disjoint vnode ranges."""
+    engine.sql(KV)
+    engine.store.target_file_rows = 4_000
+    engine.store.file_row_groups = 2  # files of 2 ranges of vnodes each
+    placed = []
+    real = type(engine.store).place_by_vnode_range
+
+    def spy(store, df, rows):
+        out = real(store, df, rows)
+        placed.append(out is not None)
+        return out
+    monkeypatch.setattr(type(engine.store), "place_by_vnode_range", spy)
+    model = TableModel(KV_COLS, key="id")
+    first = spark.range(24_000).selectExpr("id", "id * 10 AS v", "'a' AS tag")
+    engine.insert("kv", first)
+    model.insert(kv_rows(range(24_000)))
+    again = spark.range(0, 24_000, 7).selectExpr("id", "-id AS v", "'b' AS tag")
+    engine.insert("kv", again)  # a later batch overwrites these keys
+    model.insert(kv_rows(range(0, 24_000, 7), v_of=lambda k: -k, tag="b"))
+    gone = [{"id": k} for k in range(0, 24_000, 11)]
+    engine.delete("kv", gone)
+    model.delete(gone)
+    back = kv_rows([22, 33], v_of=lambda k: 5)
+    engine.insert("kv", back)  # delete then insert: present
+    model.insert(back)
+    engine.step()
+    model.step()
+    assert placed == [True], placed
+    assert_rows_equal(engine.read("kv"), model.rows(), label="kv after its first load")
+    rel = engine.catalog.get("kv")
+    files = sorted(engine.store.files_at(rel.stored, 1), key=lambda f: f.vnode_min)
+    staged = 24_000 + len(range(0, 24_000, 7)) + len(gone) + len(back)
+    assert len(files) == -(-engine.store.vnode_ranges(staged) // 2) == 4, files
+    assert all(a.vnode_max < b.vnode_min for a, b in itertools.pairwise(files)), files
+    # a later epoch into the loaded table takes the usual path
+    engine.insert("kv", kv_rows([5], v_of=lambda k: 55))
+    model.insert(kv_rows([5], v_of=lambda k: 55))
+    engine.step()
+    model.step()
+    assert placed == [True], "only a load into an empty table is placed"
+    assert_rows_equal(engine.read("kv"), model.rows(), label="kv after an upsert")
 
 
 @pytest.mark.connect
