@@ -189,21 +189,35 @@ class Observed(NamedTuple):
 @dataclass(frozen=True)
 class Appended:
     """One epoch's changelog of a relation as it was written: the Delta version that
-    holds it, its rows per ``_op`` and the vnodes it touched (observed while it was
-    written), and the changelog read back from its files (columns, ``_vnode``,
-    ``_op``)."""
+    holds it, what its write observed of its rows (``Observed``: rows per ``_op``,
+    the vnodes it touched, the first key column's distinct values and their count,
+    when asked for), and the changelog read back from its files (columns,
+    ``_vnode``, ``_op``)."""
 
     version: int
-    counts: dict[str, int]
-    vnodes: tuple[int, ...]
+    observed: Observed
     delta: DataFrame
-    #: the distinct values of the first key column (the distribution key of a state
-    #: table), observed while it was written when asked for and at most ``KEY_VALUES``;
-    #: None: not known on the driver (look them up from ``delta``)
-    keys: tuple[Any, ...] | None = None
-    #: about how many distinct values the first key column holds (a state table's
-    #: touched groups, join keys or partitions), when observed; None: not known
-    key_count: int | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.observed.counts
+
+    @property
+    def vnodes(self) -> tuple[int, ...]:
+        return self.observed.vnodes
+
+    @property
+    def keys(self) -> tuple[Any, ...] | None:
+        """The distinct values of the first key column (a state table's distribution
+        key), at most ``KEY_VALUES``; None: not known on the driver (look them up from
+        ``delta``)."""
+        return self.observed.keys
+
+    @property
+    def key_count(self) -> int | None:
+        """About how many distinct values the first key column holds (a state table's
+        touched groups, join keys or partitions); None: not observed."""
+        return self.observed.key_count
 
     @property
     def rows(self) -> int:
@@ -713,9 +727,8 @@ class RelationStore:
         )
         self.meta.remove_pending_dir(out)
         files = [f"{table_path}/{a.path}" for a in actions if isinstance(a, AddAction)]
-        return Appended(self._committed_version(rel), counts, observed.vnodes,
-                        self._read_delta(rel, files, sum(counts.values())), observed.keys,
-                        observed.key_count)
+        return Appended(self._committed_version(rel), observed,
+                        self._read_delta(rel, files, sum(counts.values())))
 
     def _appended(self, rel: StoredRelation, epoch: int, version: int,
                   collect_keys: bool) -> Appended | None:
@@ -728,9 +741,7 @@ class RelationStore:
         key = rel.key[0] if collect_keys else None
         stats = delta.agg(*_delta_metrics(key, key)).collect()[0].asDict()
         self.spark_jobs += 1
-        observed = _observed(stats)
-        return Appended(version, observed.counts, observed.vnodes, delta, observed.keys,
-                        observed.key_count)
+        return Appended(version, _observed(stats), delta)
 
     def _read_delta(self, rel: StoredRelation, uris: Sequence[str], rows: int) -> DataFrame:
         """A written changelog of ``rows`` rows read back from its files (not counted as
