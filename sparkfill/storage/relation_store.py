@@ -65,6 +65,7 @@ from .spark_files import (
     empty_frame,
     parquet_stats,
     read_parquet,
+    row_group_ranges,
     spark_native,
     write_parquet,
 )
@@ -386,14 +387,7 @@ class RelationStore:
             return f.rows
         groups = self._row_groups.get(f.uri)
         if groups is None:
-            md = self.warehouse.parquet_metadata(f.uri)
-            idx = [md.schema.column(i).name for i in range(md.num_columns)].index(VNODE)
-            found = []
-            for g in range(md.num_row_groups):
-                st = md.row_group(g).column(idx).statistics
-                lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (0, 255)
-                found.append((md.row_group(g).num_rows, int(lo), int(hi)))
-            groups = self._row_groups[f.uri] = tuple(found)
+            groups = self._row_groups[f.uri] = row_group_ranges(self.warehouse, f.uri, VNODE)
             while len(self._row_groups) > 4096:
                 self._row_groups.popitem(last=False)
         return sum(n for n, lo, hi in groups if within.overlaps(lo, hi))

@@ -149,6 +149,21 @@ def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
     return sorted((f for f in written if f.rows > 0), key=lambda f: f.uri)
 
 
+def row_group_ranges(warehouse: Warehouse, uri: str,
+                     column: str) -> tuple[tuple[int, int, int], ...]:
+    """Each row group of a Parquet file as (rows, min, max) of an integer ``column``,
+    from the footer; (0, 255) where a row group has no statistics (the vnode range
+    that holds every row)."""
+    md = warehouse.parquet_metadata(uri)
+    idx = [md.schema.column(i).name for i in range(md.num_columns)].index(column)
+    found = []
+    for rg in range(md.num_row_groups):
+        st = md.row_group(rg).column(idx).statistics
+        lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (0, 255)
+        found.append((md.row_group(rg).num_rows, int(lo), int(hi)))
+    return tuple(found)
+
+
 def parquet_stats(warehouse: Warehouse, uri: str, columns: Sequence[str]) -> dict[str, Any]:
     """Delta statistics of a written Parquet file from its footer: rows and, for the
     integer and string ``columns`` with statistics in every row group, min, max and
