@@ -28,12 +28,13 @@ from .errors import (
     WarehouseLocked,
     WarehouseReadOnly,
 )
-from .progress import EpochReport, JobProgress
+from .progress import EpochReport, JobProgress, RefreshChoice
 
 __all__ = [
     "Engine",
     "EpochReport",
     "JobProgress",
+    "RefreshChoice",
     "SparkfillError",
     "SqlError",
     "UnsupportedQuery",

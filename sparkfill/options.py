@@ -12,8 +12,8 @@ from typing import Any
 from .errors import InvalidOption
 
 __all__ = [
-    "BackfillOptions", "STRATEGIES", "OPTION_NAMES", "ALTERABLE", "WAREHOUSE_OPTIONS",
-    "validate_option",
+    "BackfillOptions", "STRATEGIES", "REFRESH_MODES", "OPTION_NAMES", "ALTERABLE",
+    "WAREHOUSE_OPTIONS", "validate_option",
     "resolve_options",
 ]
 
@@ -25,14 +25,19 @@ DEFAULT_CHUNK_ROWS = 10_000
 DEFAULT_SNAPSHOT_CHUNK_ROWS = 1_000_000
 DEFAULT_TARGET_EPOCH_MS = 5_000
 DEFAULT_MAX_LAG_EPOCHS = 2
+#: how a created MV takes an epoch's change: its incremental rules, a recompute of
+#: the MV (and its state) whose difference is its Δ, or per epoch whichever is cheaper
+REFRESH_MODES = ("auto", "incremental", "full")
+DEFAULT_REFRESH = "auto"
 
 OPTION_NAMES = ("backfill", "backfill_chunk_rows", "backfill_rate_limit",
                 "backfill_parallelism", "backfill_target_epoch_ms", "backfill_order",
-                "snapshot_backfill_max_lag_epochs", "max_concurrent_creating_jobs")
+                "snapshot_backfill_max_lag_epochs", "max_concurrent_creating_jobs", "refresh")
 #: options of the warehouse (persisted), not of one MV
 WAREHOUSE_OPTIONS = ("max_concurrent_creating_jobs",)
 #: options ALTER MATERIALIZED VIEW ... SET can change while the job runs
-ALTERABLE = ("backfill_rate_limit", "backfill_parallelism", "backfill_target_epoch_ms")
+ALTERABLE = ("backfill_rate_limit", "backfill_parallelism", "backfill_target_epoch_ms",
+             "refresh")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class BackfillOptions:
     backfill_order: tuple[str, ...] = ()
     #: snapshot: the job joins the epoch loop once it lags by at most this many epochs
     max_lag_epochs: int = DEFAULT_MAX_LAG_EPOCHS
+    #: once created: ``REFRESH_MODES``
+    refresh: str = DEFAULT_REFRESH
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +66,8 @@ class BackfillOptions:
                                opt("parallelism"),
                                int(d.get("target_epoch_ms", DEFAULT_TARGET_EPOCH_MS)),
                                tuple(d.get("backfill_order") or ()),
-                               int(d.get("max_lag_epochs", DEFAULT_MAX_LAG_EPOCHS)))
+                               int(d.get("max_lag_epochs", DEFAULT_MAX_LAG_EPOCHS)),
+                               str(d.get("refresh") or DEFAULT_REFRESH))
 
     def altered(self, name: str, value: Any) -> BackfillOptions:
         """These options with one alterable option set (None: its default)."""
@@ -72,6 +80,8 @@ class BackfillOptions:
             return replace(self, rate_limit=value)
         if key == "backfill_parallelism":
             return replace(self, parallelism=value)
+        if key == "refresh":
+            return replace(self, refresh=DEFAULT_REFRESH if value is None else value)
         return replace(self, target_epoch_ms=DEFAULT_TARGET_EPOCH_MS if value is None else value)
 
 
@@ -100,6 +110,12 @@ def validate_option(name: str, value: Any) -> Any:
             raise InvalidOption(
                 f"unknown backfill strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
         return strategy
+    if key == "refresh":
+        mode = str(value).lower()
+        if mode not in REFRESH_MODES:
+            raise InvalidOption(
+                f"unknown refresh mode {value!r}; choose one of {', '.join(REFRESH_MODES)}")
+        return mode
     if key == "backfill_order":
         parts = value if isinstance(value, tuple | list) else str(value).split(",")
         names = tuple(str(n).strip() for n in parts if str(n).strip())
@@ -133,4 +149,5 @@ def resolve_options(session: dict[str, Any], given: dict[str, Any]) -> BackfillO
         max_lag_epochs=(DEFAULT_MAX_LAG_EPOCHS
                         if merged.get("snapshot_backfill_max_lag_epochs") is None
                         else merged["snapshot_backfill_max_lag_epochs"]),
+        refresh=merged.get("refresh") or DEFAULT_REFRESH,
     )

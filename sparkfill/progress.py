@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["JobProgress", "EpochReport", "JOB_STATES"]
+__all__ = ["JobProgress", "EpochReport", "RefreshChoice", "JOB_STATES"]
 
 #: The states of a job, in the order a job goes through them ("paused": rate limit 0).
 JOB_STATES = ("queued", "backfilling", "paused", "catching_up", "created")
@@ -57,6 +57,16 @@ class JobProgress:
 
 
 @dataclass(frozen=True)
+class RefreshChoice:
+    """How a created MV took one epoch's change: ``"incremental"`` (its operators'
+    incremental rules) or ``"full"`` (recomputed from its leaves, the difference
+    written as its changelog), and why."""
+
+    mode: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class EpochReport:
     """What one committed epoch did."""
 
@@ -78,3 +88,6 @@ class EpochReport:
     #: work after the commit that failed and will be retried (the epoch stands):
     #: clean-up, compaction, a sink's write
     warnings: list[str] = field(default_factory=list)
+    #: how each created MV whose leaves changed took the change, and why (the option
+    #: ``refresh``: forced, or chosen from the change's size and measured costs)
+    refresh: dict[str, RefreshChoice] = field(default_factory=dict)

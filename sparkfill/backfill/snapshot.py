@@ -41,10 +41,9 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from ..dataflow.aggregate import changed_rows_bound, estimate_groups, keeps_input
+from ..dataflow.aggregate import changed_rows_bound, estimate_groups
 from ..dataflow.changelog import union_all
-from ..dataflow.mv import MvDataflow
-from ..sql.planner import JOIN_KEY, WINDOW_PART
+from ..dataflow.recompute import contents, leaf_part
 from ..storage.catalog import Relation
 from ..storage.relation_store import DataFile, RelationStore
 from ..storage.schema import VNODE, VNODE_COUNT, user_struct, vnode_expr
@@ -170,7 +169,6 @@ class SnapshotJob(threading.Thread):
         self.s = snapshot_epoch
         self.control = control
         self.parallelism = parallelism
-        self.dataflow = MvDataflow(spark, store)
         self.group = f"sparkfill-snapshot-{mv.id}"
 
     def run(self) -> None:
@@ -223,26 +221,10 @@ class SnapshotJob(threading.Thread):
             rows = rows.repartition(self.parallelism)
         # one Spark job per chunk: the rows read are counted by the write itself
         observed = Observation(f"chunk-{chunk['leaf']}-{chunk['lo']}")
-        out = self._chunk_output(chunk["leaf"],
-                                 rows.observe(observed, F.count(F.lit(1)).alias("rows"))
-                                 .drop(VNODE))
+        out = leaf_part(self.mv, self.states, chunk["leaf"],
+                        rows.observe(observed, F.count(F.lit(1)).alias("rows")).drop(VNODE))
         return write_chunk(self.warehouse, self.job_dir, chunk, out,
                            lambda: int(observed.get["rows"]))
-
-    def _chunk_output(self, leaf: int, rows: DataFrame) -> DataFrame:
-        """What a chunk contributes: a join side's state rows, the aggregate's input
-        rows, or (filter/project) the MV's rows."""
-        plan = self.mv.plan
-        assert plan is not None
-        if plan.branches:
-            return self.dataflow.project_branch(plan, leaf, rows).select(
-                *[c.name for c in self.mv.columns])
-        if plan.join is not None:
-            return self.dataflow.side_rows(plan, leaf, rows, self.states[leaf])
-        projected = self.dataflow.project(plan, [rows])
-        if plan.agg is not None or plan.window is not None:
-            return self.dataflow.stage_input_rows(plan, self.states[-1], projected)
-        return projected.select(*[c.name for c in self.mv.columns])
 
     def _chunks_of(self, leaf: int, rel: Relation) -> DataFrame:
         files = chunk_files(self.warehouse, self.job_dir, read_plan(self.warehouse, self.job_dir),
@@ -256,52 +238,21 @@ class SnapshotJob(threading.Thread):
         files of a write are as many as the rows it is expected to hold: a leaf's
         rows read in phase 1, or for an aggregate's MV the groups its state's write
         observed."""
-        plan = self.mv.plan
-        assert plan is not None
         leaf_rows = job_status(self.warehouse, self.job_dir)["rows"]
-        # (relation, rows, distribution column, about how many rows; None: groups)
-        targets: list[tuple[Relation, DataFrame, str, int | None]] = []
-        # an aggregate's or window functions' input rows, held by group or partition
-        staged = plan.agg is not None or plan.window is not None
-        stage_rows: DataFrame | None = None
-        if plan.join is not None:
-            sides = []
-            for side, state in enumerate(self.states[:2]):
-                rows = self._chunks_of(side, state)
-                targets.append((state, rows, JOIN_KEY, leaf_rows.get(side, 0)))
-                sides.append(rows.select(*[c.name for c in self.leaves[side].columns]))
-            joined = self.dataflow.project(plan, sides)
-            input_rows = max(leaf_rows.get(0, 0), leaf_rows.get(1, 0))
-            if staged:
-                stage_rows = self.dataflow.stage_input_rows(plan, self.states[-1], joined)
-            else:
-                mv_rows, mv_hint = joined.select(*[c.name for c in self.mv.columns]), input_rows
-        elif staged:
-            stage_rows, input_rows = self._chunks_of(0, self.states[-1]), leaf_rows.get(0, 0)
-        else:  # filter/project, or a UNION ALL: one leaf's chunks after another's
-            mv_rows = union_all([self._chunks_of(leaf, self.mv)
-                                 for leaf in range(len(self.leaves))])
-            mv_hint = sum(leaf_rows.values())
-        if stage_rows is not None:
-            state = self.states[-1]
-            mv_rows = self.dataflow.evaluate_stage(self.mv, plan, stage_rows)
-            # an aggregate's MV: a row per group; window functions': a row per input row
-            mv_hint = input_rows if plan.window is not None else None
-            if plan.agg is None or keeps_input(plan.agg):
-                targets.append((state, stage_rows, state.key[0], input_rows))
-            else:  # a state kept empty: the groups are estimated by a job of their own
-                mv_hint = changed_rows_bound(estimate_groups(stage_rows))
-        # an MV of window functions is distributed by partition, as its state
-        targets.append((self.mv, mv_rows, WINDOW_PART if plan.window is not None else "",
-                        mv_hint))
+        targets = contents(self.mv, self.leaves, self.states, self._chunks_of,
+                           [leaf_rows.get(i, 0) for i in range(len(self.leaves))])
         manifest: dict[str, Any] = {}
         groups = 0  # observed by the last write: an aggregate's state comes before its MV
-        for rel, rows, dist, hint in targets:
+        for target in targets:
+            rel, hint = target.rel, target.rows_hint
+            if hint is None:  # an aggregate's MV: a row per group its state's write observed
+                hint = changed_rows_bound(groups if groups or target.stage_rows is None
+                                          else estimate_groups(target.stage_rows))
             self._clear_uncommitted(rel)
-            rows = rows.withColumn(VNODE, vnode_expr([dist] if dist else list(rel.key)))
+            rows = target.rows.withColumn(VNODE, vnode_expr(list(target.dist or rel.key)))
             files, observed = self.store.prepare_files(
-                rel.stored, self.s, rows, changed_rows_bound(groups) if hint is None else hint,
-                "snap", count_column=dist or None)
+                rel.stored, self.s, rows, hint, "snap",
+                count_column=target.dist[0] if target.dist else None)
             groups = observed.key_count or 0
             manifest[str(rel.id)] = {"rows": sum(observed.counts.values()), "files": files}
             if self.control.cancelled.is_set():

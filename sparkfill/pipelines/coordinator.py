@@ -14,7 +14,8 @@ Epoch ``e``:
    (one Spark job, which also counts its rows and vnodes) and read back from its
    files by the relations downstream: tables from DML; an MV from its leaves'
    changes (their Δs once created, their backfill scans while creating) through
-   its operators, which append the Δs of its state tables the same way; a
+   its operators, which append the Δs of its state tables the same way, or — as
+   ``refresh.py`` chooses — by a recompute whose differences are those Δs; a
    relation whose inputs did not change runs nothing. The small Δs nothing reads
    back this epoch — of created MVs no MV reads, and of state tables whose operator
    reads the Δ's plan itself — are appended together at the end of the phase, their
@@ -27,6 +28,7 @@ Epoch ``e``:
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import time
@@ -50,18 +52,24 @@ from ..backfill.state import (
 )
 from ..dataflow.change import Deferred, Emit, StateDelta, change_of
 from ..dataflow.mv import DataflowResult, MvDataflow
-from ..progress import EpochReport, JobProgress
+from ..dataflow.recompute import recompute
+from ..progress import EpochReport, JobProgress, RefreshChoice
 from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
 from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
+from ..storage.schema import names_sql
+from .cost import linear_cost
+from .refresh import FULL, RefreshPolicy
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
 LOG = logging.getLogger("sparkfill")
 
+#: the meta store's key of the MVs an ``ALTER ... RECOMPUTE`` asked to rebuild (JSON ids)
+RECOMPUTE_KEY = "recompute_requested"
 #: a job that made no progress for this many epochs while not paused is stalled
 STALL_EPOCHS = 5
 #: the adaptive chunk never falls below what finishes a job in about this many epochs
@@ -70,6 +78,15 @@ MAX_BACKFILL_EPOCHS = 100
 #: a Spark job's fixed cost is paid once per epoch, so a job over millions of rows
 #: needs chunks of this order to finish in tens of epochs, not hundreds)
 MAX_CHUNK_FACTOR = 100
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """How a created MV took this epoch's change, and the sizes it was chosen by."""
+
+    choice: RefreshChoice
+    changed_rows: int
+    leaf_rows: int
 
 
 @dataclass
@@ -146,22 +163,6 @@ class EpochAppends:
         return sum(self.counts.get(rel_id, {}).values())
 
 
-def _chunk_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
-    """A backfill's own time per epoch as ``fixed + per_row * rows``, fitted (least
-    squares) to its last epochs' (rows, seconds); None while they are too few (3) or
-    their chunk sizes too alike (max < 1.3 min) to tell the two apart."""
-    if len(samples) < 3:
-        return None
-    rows = [float(r) for r, _ in samples]
-    secs = [t for _, t in samples]
-    if min(rows) <= 0 or max(rows) < 1.3 * min(rows):
-        return None
-    mean_r, mean_t = statistics.fmean(rows), statistics.fmean(secs)
-    var = sum((r - mean_r) ** 2 for r in rows)
-    per_row = sum((r - mean_r) * (t - mean_t) for r, t in zip(rows, secs, strict=True)) / var
-    return max(0.0, mean_t - per_row * mean_r), per_row
-
-
 def uses_snapshot_job(rel: Relation) -> bool:
     """A creating MV whose backfill is a snapshot job (a top-N has none: it reads its
     whole input in one epoch)."""
@@ -199,6 +200,8 @@ class EpochCoordinator:
             lambda: deque(maxlen=6))
         #: each backfilling MV's last fitted (fixed seconds, seconds per chunk row)
         self._cost_fits: dict[int, tuple[float, float]] = {}
+        #: how each created MV takes a change: incremental rules or a recompute
+        self.refresh = RefreshPolicy()
 
     # --- planning -------------------------------------------------------------------------
 
@@ -262,7 +265,7 @@ class EpochCoordinator:
         samples = self._own_samples[mv.id]
         if rows is not None and own_seconds is not None:
             samples.append((rows, own))
-        fit = _chunk_cost(samples) or self._cost_fits.get(mv.id)  # alike chunks: the last fit
+        fit = linear_cost(samples) or self._cost_fits.get(mv.id)  # alike chunks: the last fit
         if fit is not None:
             self._cost_fits[mv.id] = fit
         if fit is None or own <= allowed:
@@ -343,7 +346,28 @@ class EpochCoordinator:
                 "parallelism": {str(r.id): (r.options.parallelism if r.options
                                             and r.options.parallelism else default_parallelism)
                                 for r in creating},
-                "queued": sorted(queued)}
+                "queued": sorted(queued),
+                # MVs rebuilt from their upstreams this epoch (ALTER ... RECOMPUTE)
+                "recompute": self.recompute_requested()}
+
+    def recompute_requested(self) -> list[int]:
+        """The created MVs an ``ALTER MATERIALIZED VIEW ... RECOMPUTE`` asked to rebuild."""
+        ids = json.loads(self.meta.get(RECOMPUTE_KEY) or "[]")
+        return sorted(i for i in ids if (r := self.catalog.find_by_id(i)) is not None
+                      and r.kind == "mv" and r.state == "created")
+
+    def request_recompute(self, conn: Any, ids: Sequence[int]) -> None:
+        """Persist a request to rebuild ``ids`` in the next epoch (in ``conn``'s
+        transaction)."""
+        wanted = set(json.loads(self.meta.get(RECOMPUTE_KEY) or "[]")) | set(ids)
+        self.meta.put(conn, RECOMPUTE_KEY, json.dumps(sorted(wanted)))
+
+    def _forget_recompute(self, ids: Sequence[int]) -> None:
+        """The requests a committed epoch honoured (a crash before this only repeats a
+        rebuild, which finds no difference)."""
+        left = set(json.loads(self.meta.get(RECOMPUTE_KEY) or "[]")) - set(ids)
+        with self.meta.transaction() as conn:
+            self.meta.put(conn, RECOMPUTE_KEY, json.dumps(sorted(left)))
 
     def step(self) -> EpochReport:
         plan = self.plan()
@@ -382,6 +406,8 @@ class EpochCoordinator:
         extra_rows: dict[int, int] = {}
         #: the seconds each backfilling MV spent on its own Δ (its share of the epoch)
         own_seconds: dict[int, float] = {}
+        #: how each created MV whose leaves changed took the change
+        choices: dict[int, _Choice] = {}
         #: relations whose Δ an MV (created, creating or waiting) reads
         read_now = {u.lower() for r in self.catalog.all() for u in r.upstreams}
         for rel in self.catalog.all():
@@ -404,7 +430,7 @@ class EpochCoordinator:
             else:
                 with self.store.reading_for(rel.name):
                     out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
-                                                      created)
+                                                      created, choices)
             if scans:
                 chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
                 for leaf, scan in enumerate(scans):
@@ -416,7 +442,7 @@ class EpochCoordinator:
             if out is not None and out.rows_hint is not None:
                 hint = min(hint, out.rows_hint)
             if out is not None and out.delta is not None:
-                if (not scans and out.tag is None and rel.kind == "mv"
+                if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
                         and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now):
                     appends.defer(rel, out.delta)
                 else:
@@ -424,6 +450,10 @@ class EpochCoordinator:
                         appends.append(rel, out.delta, hint, out.tag, out.placed)
             if scans:
                 own_seconds[rel.id] = time.time() - began
+            if rel.id in choices:
+                took = choices[rel.id]
+                self.refresh.record(rel.id, took.choice.mode, took.changed_rows, took.leaf_rows,
+                                    time.time() - began)
         # the small Δs of created MVs nothing reads this epoch: one Spark job for all
         appends.flush()
         counts = appends.counts
@@ -458,6 +488,9 @@ class EpochCoordinator:
 
         for df in cached:
             after_commit("releasing a backfill chunk", df.unpersist)
+        if plan.get("recompute"):
+            after_commit("forgetting the honoured RECOMPUTE requests",
+                         lambda: self._forget_recompute(plan["recompute"]))
         after_commit("removing applied DML files",
                      lambda: self.stager.remove_applied([b.path for b in batches]))
         if not any(chunk_rows.values()):  # no backfill work: the epoch's base cost
@@ -474,7 +507,9 @@ class EpochCoordinator:
                            jobs=self.jobs(), rows_read=self.last_rows_read,
                            backfill_rows={self.catalog.get_by_id(k).name: v
                                           for k, v in chunk_rows.items()},
-                           spark_jobs=spark_jobs, warnings=warnings)
+                           spark_jobs=spark_jobs, warnings=warnings,
+                           refresh={self.catalog.get_by_id(k).name: c.choice
+                                    for k, c in choices.items()})
 
     def prepare_snapshot_job(self, mv: Relation) -> Relation:
         """A snapshot job that waited for its upstream MVs takes its snapshot as of the
@@ -492,12 +527,12 @@ class EpochCoordinator:
 
     def _delta_of(self, rel: Relation, by_table: dict[int, list[Any]],
                   appends: EpochAppends, plan: dict[str, Any], epoch: int,
-                  created_now: Sequence[int] = (),
+                  created_now: Sequence[int], choices: dict[int, _Choice],
                   ) -> tuple[DataflowResult | None, list[ScanResult], int]:
         """Δ of one relation for ``epoch`` (its operators append their state tables'
         Δs), for a creating MV the result of each leaf's backfill scan, and about
         how many rows the Δ holds. ``created_now``: the MVs this epoch completes (so
-        far, upstream first)."""
+        far, upstream first); ``choices`` takes how a created MV took its change."""
         if rel.kind == "table":
             batches = by_table.get(rel.id)
             if not batches:
@@ -510,10 +545,11 @@ class EpochCoordinator:
         states = self.catalog.states_of(rel)
         deltas = appends.deltas
         hint = sum(appends.rows(leaf.id) for leaf in leaves)
+        repair = rel.id in plan.get("recompute", ())
         if rel.plan.topn is not None:
             # a top-N recomputes from its whole input: created in its first epoch
             leaf = leaves[0]
-            if rel.state == "created" and leaf.id not in deltas:
+            if rel.state == "created" and leaf.id not in deltas and not repair:
                 return None, [], 0
             out = DataflowResult(self.dataflow.top_n(rel, leaf, deltas.get(leaf.id), epoch))
             scans = [] if rel.state == "created" else [ScanResult(
@@ -522,8 +558,26 @@ class EpochCoordinator:
         if rel.state == "created":
             changes = [change_of(deltas.get(leaf.id), [c.name for c in leaf.columns])
                        for leaf in leaves]
-            if all(c is None for c in changes):
+            if all(c is None for c in changes) and not repair:
                 return None, [], 0
+            # the rows a recompute reads: each leaf's, before or after the change
+            leaf_rows = sum(max(leaf.row_count, leaf.row_count + appends.counts.get(
+                leaf.id, {}).get("+", 0) - appends.counts.get(leaf.id, {}).get("-", 0))
+                for leaf in leaves)
+            choice = (RefreshChoice(FULL, "ALTER MATERIALIZED VIEW ... RECOMPUTE") if repair
+                      else self.refresh.choose(rel, hint, leaf_rows))
+            choices[rel.id] = _Choice(choice, hint, leaf_rows)
+            if choice.mode == FULL:
+                # a repair compares every relation whole: none is trusted
+                diff = recompute(self.store, rel, leaves, states,
+                                 [self._rows_at(leaf, appends, epoch) for leaf in leaves],
+                                 changes,
+                                 [leaf.row_count + appends.counts.get(leaf.id, {}).get("+", 0)
+                                  for leaf in leaves],
+                                 epoch, appends.emitter(),
+                                 max(hint, rel.row_count) if repair else hint, whole=repair)
+                return (DataflowResult(diff, recomputed=True), [],
+                        max(hint, rel.row_count) if repair else hint)
             emit = appends.emitter(may_wait=True, may_retract=any(
                 retracts(appends.counts.get(leaf.id, {})) for leaf in leaves))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
@@ -546,6 +600,15 @@ class EpochCoordinator:
                                    [appends.rows(leaf.id) + s.chunk_rows
                                     for leaf, s in zip(leaves, scans, strict=True)])
         return result, scans, hint
+
+    def _rows_at(self, leaf: Relation, appends: EpochAppends, epoch: int) -> DataFrame:
+        """The live rows of ``leaf`` at ``epoch``, this epoch's append included (not
+        committed yet: read from the Delta version the append made)."""
+        version = appends.versions.get(leaf.id)
+        files = (self.store.files(leaf.stored, version) if version is not None
+                 else self.store.files_at(leaf.stored, epoch - 1))
+        rows = self.store.snapshot(leaf.stored, epoch, files=files, bulk=True)
+        return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))
 
     @staticmethod
     def _follow(leaf: Relation, delta: DataFrame | None,

@@ -22,7 +22,7 @@ from .rewrite import time_windows_to_derived
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
-    "AlterMaterializedView", "CancelJobs", "CreateSink", "DropSink",
+    "AlterMaterializedView", "RecomputeMaterializedView", "CancelJobs", "CreateSink", "DropSink",
     "InsertValues", "Update", "Delete", "Query", "Explain", "Verify", "parse_statement",
 ]
 
@@ -70,6 +70,13 @@ class AlterMaterializedView(Command):
     name: str
     option: str
     value: Any  # None: DEFAULT
+
+
+@dataclass
+class RecomputeMaterializedView(Command):
+    """``ALTER MATERIALIZED VIEW name RECOMPUTE``: rebuild it from its upstreams."""
+
+    name: str
 
 
 @dataclass
@@ -159,6 +166,9 @@ _ALTER = re.compile(
     r"^\s*ALTER\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s+SET\s+"
     r"(?P<option>[A-Za-z_][A-Za-z0-9_]*)\s*(=|TO)\s*(?P<value>.+?)\s*;?\s*$",
     re.IGNORECASE | re.DOTALL)
+_RECOMPUTE = re.compile(
+    r"^\s*ALTER\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s+"
+    r"RECOMPUTE\s*;?\s*$", re.IGNORECASE)
 _CANCEL = re.compile(r"^\s*CANCEL\s+JOBS?\s+(?P<names>.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _SHOW = re.compile(r"^\s*SHOW\s+(?P<what>TABLES|MATERIALIZED\s+VIEWS|JOBS|SINKS)\s*;?\s*$",
                    re.IGNORECASE)
@@ -448,6 +458,9 @@ def parse_statement(sql: str) -> Command:
     m = _CREATE_MV.match(sql)
     if m:
         return _parse_create_mv(m)
+    m = _RECOMPUTE.match(sql)
+    if m:
+        return RecomputeMaterializedView(m.group("name").strip("`"))
     m = _ALTER.match(sql)
     if m:
         option = m.group("option").lower()

@@ -126,6 +126,9 @@ class Catalog:
                 return r
         raise UnknownRelation(f"no relation with id {rel_id}")
 
+    def find_by_id(self, rel_id: int) -> Relation | None:
+        return next((r for r in self._by_name.values() if r.id == rel_id), None)
+
     def find(self, name: str) -> Relation | None:
         return self._by_name.get(name.lower())
 

@@ -1,0 +1,180 @@
+"""Recomputing an MV from whole inputs: the rows of the MV and of each of its state
+tables over its leaves' rows, and, for a created MV, their difference from what
+they held, appended as the epoch's Δs.
+
+Invariants:
+
+* ``contents`` of leaf rows ``V`` is what the incremental rules leave after
+  taking in ``V`` from empty: ``Q(V)`` for the MV (hidden columns included) and,
+  for each state table, what its operator's module says it keeps. The snapshot
+  strategy's phase 1 builds an MV's first rows with it; ``recompute`` builds a
+  created MV's rows at an epoch with it.
+* ``recompute`` in epoch ``e`` appends to each state table, and returns as the
+  MV's Δ, the consolidated difference between its rows at ``e-1`` and the
+  ``contents`` of its leaves at ``e``: downstream MVs, sinks and time travel see
+  exactly the changelog an incremental epoch would have written (``changelog``).
+  The difference is a keyed comparison run by Spark (one exchange per relation,
+  no collect): its cost is a scan of the leaves and of the MV's own relations.
+  Rows that are one leaf's rows one by one take that leaf's change, mapped, as
+  their difference — except in a repair (``ALTER ... RECOMPUTE``), which trusts
+  nothing a relation holds and compares them whole too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from ..sql.planner import JOIN_KEY, WINDOW_PART
+from ..storage.catalog import Relation
+from ..storage.relation_store import RelationStore
+from ..storage.schema import names_sql
+from . import aggregate, join, project, union, window
+from .change import Change, Emit
+from .changelog import consolidate, union_all
+
+__all__ = ["Target", "leaf_part", "contents", "recompute", "mapped_change", "difference"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The rows one relation holds over whole inputs."""
+
+    rel: Relation
+    #: the relation's columns (no ``_vnode``)
+    rows: DataFrame
+    #: the columns whose hash is a row's vnode (empty: the relation's key)
+    dist: tuple[str, ...]
+    #: about how many rows it holds; None: one per group of an aggregate (known once
+    #: its state's write observed them, else estimated)
+    rows_hint: int | None
+    #: an aggregate MV's input rows, from which its groups can be estimated
+    stage_rows: DataFrame | None = None
+    #: the leaf whose rows these are row by row (``leaf_part``: a join side's state,
+    #: the stage's state over one leaf, the rows of a filter/project); None: rows
+    #: of several leaves' rows together (a join's, a group's, a window's)
+    leaf: int | None = None
+
+
+def leaf_part(mv: Relation, states: Sequence[Relation], leaf: int, rows: DataFrame) -> DataFrame:
+    """What rows of leaf ``leaf`` contribute, computed per leaf (a snapshot job's
+    chunk): a join side's state rows, the aggregate's or the window functions'
+    input rows, a UNION ALL branch's rows, or (filter/project) the MV's rows."""
+    plan = mv.plan
+    assert plan is not None
+    if plan.branches:
+        return union.project_branch(plan, leaf, rows).select(*[c.name for c in mv.columns])
+    if plan.join is not None:
+        return join.side_rows(plan, leaf, rows, states[leaf])
+    projected = project.project(plan, [rows])
+    if plan.agg is not None:
+        return aggregate.agg_input_rows(plan, states[-1], projected)
+    if plan.window is not None:
+        return window.window_input_rows(plan, states[-1], projected)
+    return projected.select(*[c.name for c in mv.columns])
+
+
+def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
+             parts: Callable[[int, Relation], DataFrame],
+             leaf_rows: Sequence[int]) -> list[Target]:
+    """The rows of the state tables an operator keeps (first) and of the MV (last)
+    over whole inputs; ``parts(i, rel)``: leaf ``i``'s ``leaf_part``, with ``rel``'s
+    columns (the relation ``leaf_part`` gives rows of: the join side's or the stage's
+    state table, or the MV); ``leaf_rows[i]``: about how many rows leaf ``i`` holds."""
+    plan = mv.plan
+    assert plan is not None
+    targets: list[Target] = []
+    staged = plan.agg is not None or plan.window is not None
+    stage_rows: DataFrame | None = None
+    mv_rows: DataFrame | None = None
+    mv_hint: int | None = None
+    mv_leaf: int | None = None
+    input_rows = max(leaf_rows, default=0)
+    if plan.join is not None:
+        sides = []
+        for side, state in enumerate(states[:2]):
+            rows = parts(side, state)
+            targets.append(Target(state, rows, (JOIN_KEY,), leaf_rows[side], leaf=side))
+            sides.append(rows.select(*[c.name for c in leaves[side].columns]))
+        joined = project.project(plan, sides)
+        if staged:
+            stage_rows = (aggregate.agg_input_rows(plan, states[-1], joined)
+                          if plan.agg is not None
+                          else window.window_input_rows(plan, states[-1], joined))
+        else:
+            mv_rows, mv_hint = joined.select(*[c.name for c in mv.columns]), input_rows
+    elif staged:
+        stage_rows = parts(0, states[-1])
+    else:  # filter/project, or a UNION ALL: one leaf's rows after another's
+        mv_rows = union_all([parts(leaf, mv) for leaf in range(len(leaf_rows))])
+        mv_hint = sum(leaf_rows)
+        mv_leaf = 0 if len(leaf_rows) == 1 else None
+    dist: tuple[str, ...] = ()
+    if stage_rows is not None:
+        state = states[-1]
+        if plan.agg is not None:
+            mv_rows = aggregate.evaluate(mv, plan, stage_rows)
+        else:
+            mv_rows, mv_hint = window.evaluate_window(mv, plan, stage_rows), input_rows
+            dist = (WINDOW_PART,)  # an MV of window functions is distributed by partition
+        if plan.agg is None or aggregate.keeps_input(plan.agg):
+            targets.append(Target(state, stage_rows, (state.key[0],), input_rows,
+                                  leaf=None if plan.join is not None else 0))
+    assert mv_rows is not None
+    targets.append(Target(mv, mv_rows, dist, mv_hint,
+                          stage_rows if plan.agg is not None else None, mv_leaf))
+    return targets
+
+
+def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
+              states: Sequence[Relation], leaf_rows: Sequence[DataFrame],
+              changes: Sequence[Change | None], leaf_counts: Sequence[int], epoch: int,
+              emit: Emit, rows_hint: int, whole: bool = False) -> DataFrame | None:
+    """Recompute a created MV in ``epoch`` from its leaves' rows at ``epoch``
+    (``leaf_rows``, about ``leaf_counts`` rows each; ``changes``: each leaf's change
+    this epoch): append each state table's difference from ``epoch - 1`` (``emit``)
+    and return the MV's (its Δ, not written; None: none); ``rows_hint``: about how
+    many rows each difference holds.
+
+    Unless ``whole`` (a repair: what a relation holds is not trusted), rows that are a
+    leaf's rows one by one (``Target.leaf``) differ from ``epoch - 1`` by exactly their
+    leaf's change mapped row by row: that is their difference, at the cost of the
+    change, not of a comparison of the whole relation."""
+    targets = contents(mv, leaves, states,
+                       lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
+    deltas: list[DataFrame | None] = []
+    for target in targets:
+        if target.leaf is None or whole:
+            deltas.append(difference(store, target, epoch))
+            continue
+        change = changes[target.leaf]
+        deltas.append(None if change is None else mapped_change(mv, states, target, change))
+    for target, delta in zip(targets[:-1], deltas[:-1], strict=True):
+        if delta is not None:
+            emit(target.rel, delta, rows_hint)
+    return deltas[-1]
+
+
+def mapped_change(mv: Relation, states: Sequence[Relation], target: Target,
+                  change: Change) -> DataFrame:
+    """The changelog of rows that are leaf ``target.leaf``'s rows one by one, from
+    that leaf's change."""
+    leaf = target.leaf
+    assert leaf is not None
+    names = [c.name for c in target.rel.columns]
+
+    def rows(of: DataFrame) -> DataFrame:
+        return leaf_part(mv, states, leaf, of).selectExpr(*names_sql(names))
+    return consolidate(None if change.before is None else rows(change.before),
+                       rows(change.after), names, target.rel.key, target.dist or None)
+
+
+def difference(store: RelationStore, target: Target, epoch: int) -> DataFrame:
+    """The changelog that turns ``target``'s relation at ``epoch - 1`` into its rows."""
+    rel = target.rel
+    names = [c.name for c in rel.columns]
+    old = store.snapshot(rel.stored, epoch - 1, bulk=True).selectExpr(*names_sql(names))
+    return consolidate(old, target.rows.selectExpr(*names_sql(names)), names, rel.key,
+                       target.dist or None)

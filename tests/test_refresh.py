@@ -1,0 +1,280 @@
+"""The refresh of a created MV: incremental, or a recompute whose difference is
+its changelog (``refresh = 'incremental' | 'full' | 'auto'``).
+
+The oracle checks every shape recomputed at every epoch, a switch between the
+modes mid-stream, MVs downstream of a recomputed one (they take its difference as
+their change) and the automatic choice on a large and a small change; the choice's
+cost model is checked without Spark.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers import assert_same_rows
+from test_incremental_sql import GRAMMAR_SHAPES, _shape, check, dim_dml, start_workload
+
+from sparkfill import Engine, InvalidOption, RefreshChoice
+from sparkfill.options import BackfillOptions
+from sparkfill.pipelines import refresh as refresh_policy
+from sparkfill.pipelines.refresh import RefreshPolicy
+
+#: shapes of every operator: rows, aggregates (running, kept input, global, DISTINCT,
+#: FILTER), joins (inner, outer, with an aggregate, three-way), UNION ALL, window
+#: functions, subqueries and an aggregate of an aggregate
+SHAPE_GROUPS = {
+    "rows_and_aggregates": ["project", "agg", "global", "distinct", "filter_agg", "window",
+                            "window_top", "agg_of_agg"],
+    "joins_and_links": ["join", "full_join", "join_agg", "union", "in_subquery", "three_way"],
+}
+
+
+def _shapes(kinds: list[str], seed: int) -> dict[str, tuple[str, list[str]]]:
+    rng = random.Random(seed)
+    out = {}
+    for kind in kinds:
+        where = "" if kind in GRAMMAR_SHAPES else rng.choice(["", " WHERE v % 3 <> 0"])
+        out[f"m_{kind}"] = _shape(rng, kind, where)
+    return out
+
+
+@pytest.mark.parametrize("group", sorted(SHAPE_GROUPS))
+def test_recomputed_mvs_match_batch_every_epoch_and_feed_downstream(spark, tmp_path, group):
+    """Every shape with ``refresh = 'full'``: exact at every epoch (time travel too),
+    the report says each was recomputed; an incremental MV over each one takes the
+    difference as its change; halfway the MVs switch to incremental and back."""
+    rng = random.Random(7)
+    eng = Engine(tmp_path / "wh", spark=spark)
+    try:
+        work, dims = start_workload(eng, spark, rng, key_space=500, rows=300)
+        shapes = _shapes(SHAPE_GROUPS[group], seed=len(group))
+        for name, (sql, _) in shapes.items():
+            eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking', "
+                    f"refresh = 'full') AS " + sql.format(t="t", d="d"))
+        eng.step()
+        # downstream of two recomputed MVs: incremental, over their differences
+        first, second = list(shapes)[:2]
+        down = {f"down_{first}": f"SELECT * FROM {first}",
+                f"down_{second}": f"SELECT count(*) AS n FROM {second}"}
+        for name, sql in down.items():
+            eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking', "
+                    f"refresh = 'incremental') AS {sql}")
+        eng.step()
+        checked: list[int] = []
+        took: dict[str, int] = {"full": 0, "incremental": 0}
+        for epoch_no in range(3):
+            want = "incremental" if epoch_no == 1 else "full"
+            if epoch_no in (1, 2):  # to incremental mid-stream, and back to full after
+                for name in shapes:
+                    eng.sql(f"ALTER MATERIALIZED VIEW {name} SET refresh = '{want}'")
+            work.random_epoch_dml()
+            dim_dml(eng, rng, dims)
+            report = eng.step()
+            for name, (sql, tables) in shapes.items():
+                check(eng, spark, name, sql, tables, report.epoch)
+                if name in report.refresh:
+                    choice = report.refresh[name]
+                    assert isinstance(choice, RefreshChoice)
+                    assert choice.mode == want, (name, report.epoch, choice)
+                    assert choice.reason == f"refresh = '{want}'"
+                    took[want] += 1
+            for name, sql in down.items():
+                assert_same_rows(eng.read(name, as_of=report.epoch),
+                                 spark.sql(sql.replace(name[5:], "{u}"),
+                                           u=eng.read(name[5:], as_of=report.epoch)),
+                                 label=f"{name} at epoch {report.epoch}")
+                if name in report.refresh:
+                    assert report.refresh[name].mode == "incremental"
+            checked.append(report.epoch)
+        # most MVs changed in most epochs (a few DML rows may miss a filter or a join)
+        assert took["full"] >= len(shapes) and took["incremental"] >= len(shapes) // 3, took
+        recomputed = [n for n in shapes if eng.progress(n).state == "created"]
+        assert recomputed == list(shapes)
+        # time travel: a recomputed epoch still reads what the batch query said
+        for name, (sql, tables) in shapes.items():
+            check(eng, spark, name, sql, tables, checked[0])
+        for name in shapes:
+            assert eng.verify(name).count() == 0, name
+    finally:
+        eng.close()
+
+
+def test_auto_recomputes_a_large_change_and_takes_a_small_one_incrementally(spark, tmp_path,
+                                                                          monkeypatch):
+    """``refresh = 'auto'`` (the default): a bulk UPDATE of the whole table is
+    recomputed (by an aggregate; a projection's rows follow their leaf's one by
+    one), a few changed rows are not; exact either way, downstream too; a
+    running aggregate's emptied groups leave it under a recompute."""
+    monkeypatch.setattr(refresh_policy, "MIN_FULL_ROWS", 200)
+    eng = Engine(tmp_path / "wh", spark=spark)
+    try:
+        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+        eng.insert("t", spark.range(3000).selectExpr("id", "CAST(id % 7 AS INT) AS g",
+                                                     "id * 3 % 101 AS v"))
+        eng.step()
+        queries = {
+            "agg": "SELECT g, count(*) AS c, sum(v) AS sv, max(v) AS mx FROM t GROUP BY g",
+            "proj": "SELECT id, g, v * 2 AS w FROM t WHERE v % 3 <> 0",
+            "top": "SELECT g, c FROM agg WHERE c > 100",
+        }
+        for name, sql in queries.items():
+            eng.sql(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
+            eng.step()
+
+        def step_and_check() -> dict[str, RefreshChoice]:
+            report = eng.step()
+            for name, sql in queries.items():
+                tables = {"t", "agg"} & set(sql.replace(",", " ").split())
+                frames = {n: eng.read(n, as_of=report.epoch) for n in tables}
+                text = sql
+                for n in tables:
+                    text = text.replace(f"FROM {n}", "FROM {" + n + "}")
+                assert_same_rows(eng.read(name, as_of=report.epoch), spark.sql(text, **frames),
+                                 label=f"{name} at epoch {report.epoch}")
+            return report.refresh
+
+        eng.sql("UPDATE t SET v = v + 1 WHERE id < 20")  # 20 of 3,000 rows
+        small = step_and_check()
+        assert small["agg"].mode == "incremental" and "fewer than 200" in small["agg"].reason
+        eng.sql("UPDATE t SET v = v + 1")  # every row
+        large = step_and_check()
+        assert large["agg"].mode == "full", large
+        # a projection's change is all a recompute would find: never recomputed by auto
+        assert large["proj"].mode == "incremental" and "one by one" in large["proj"].reason
+        assert "both costs not measured yet" in large["agg"].reason
+        # the groups g = 5 and 6 emptied by deletes: gone from a recomputed aggregate
+        eng.sql("DELETE FROM t WHERE g >= 5 OR id % 2 = 0")
+        emptied = step_and_check()
+        assert emptied["agg"].mode == "full", emptied
+        assert {r["g"] for r in eng.read("agg").collect()} == {0, 1, 2, 3, 4}
+        assert eng.verify("agg").count() == 0 and eng.verify("proj").count() == 0
+    finally:
+        eng.close()
+
+
+def test_refresh_option_is_validated_and_a_bad_value_changes_nothing(engine):
+    engine.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+    with pytest.raises(InvalidOption, match="unknown refresh mode 'sometimes'"):
+        engine.sql("CREATE MATERIALIZED VIEW m WITH (refresh = 'sometimes') AS "
+                   "SELECT id, v FROM t")
+    assert [r.name for r in engine.catalog.all() if r.kind == "mv"] == []
+    engine.sql("CREATE MATERIALIZED VIEW m WITH (refresh = 'FULL') AS SELECT id, v FROM t")
+    assert engine.catalog.get("m").options.refresh == "full"
+    with pytest.raises(InvalidOption, match="unknown refresh mode"):
+        engine.sql("ALTER MATERIALIZED VIEW m SET refresh = 'never'")
+    assert engine.catalog.get("m").options.refresh == "full"
+    engine.sql("ALTER MATERIALIZED VIEW m SET refresh = DEFAULT")
+    assert engine.catalog.get("m").options.refresh == "auto"
+    engine.sql("SET refresh = 'incremental'")  # the session's default for new MVs
+    engine.sql("CREATE MATERIALIZED VIEW m2 AS SELECT id FROM t")
+    assert engine.catalog.get("m2").options.refresh == "incremental"
+
+
+def test_an_option_stored_before_refresh_existed_reads_as_auto():
+    stored = BackfillOptions().to_json()
+    stored.pop("refresh")
+    assert BackfillOptions.from_json(stored).refresh == "auto"
+
+
+class _Mv:
+    def __init__(self, refresh: str = "auto") -> None:
+        self.id = 1
+        self.options = BackfillOptions(refresh=refresh)
+        self.plan = None  # (a plan's shape is checked by the engine tests above)
+
+
+def test_the_choice_follows_the_change_then_the_measured_costs():
+    policy = RefreshPolicy()
+    mv = _Mv()
+    small = policy.choose(mv, refresh_policy.MIN_FULL_ROWS - 1, 10**9)  # type: ignore[arg-type]
+    assert small.mode == "incremental"
+    below = policy.choose(mv, 400_000, 1_000_000)  # type: ignore[arg-type]
+    above = policy.choose(mv, 600_000, 1_000_000)  # type: ignore[arg-type]
+    assert (below.mode, above.mode) == ("incremental", "full")
+    # measured: incremental costs 1 s + 40 us per row, a recompute 3 us per leaf row
+    for rows in (10_000, 20_000, 40_000):
+        policy.record(1, "incremental", rows, 1_000_000, 1.0 + 4e-5 * rows)
+    policy.record(1, "full", 50_000, 1_000_000, 3.0)
+    assert policy.incremental_seconds(1, 100_000) == pytest.approx(5.0)
+    assert policy.full_seconds(1, 2_000_000) == pytest.approx(6.0)
+    # 30,000 rows: incremental 2.2 s < 3 s; 60,000: 3.4 s > 3 s (both below 50%)
+    at_30k = policy.choose(mv, 30_000, 1_000_000)  # type: ignore[arg-type]
+    at_60k = policy.choose(mv, 60_000, 1_000_000)  # type: ignore[arg-type]
+    assert (at_30k.mode, at_60k.mode) == ("incremental", "full")
+    assert at_60k.reason.startswith("measured: incremental about 3.40s, recompute about 3.00s")
+    # forced either way
+    assert policy.choose(_Mv("full"), 1, 10**9).mode == "full"  # type: ignore[arg-type]
+    assert policy.choose(_Mv("incremental"), 10**9, 1).mode == "incremental"  # type: ignore[arg-type]
+
+
+def _tamper(eng, name: str, column: str, shift: int) -> int:
+    """Add ``shift`` to ``column`` in every row of one of ``name``'s data files, in
+    place (a hand-edited file); returns the rows changed."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    rel = eng.relation(name)
+    files = [f for f in eng.store.files_at(rel.stored, eng.committed_epoch) if f.rows]
+    target = max(files, key=lambda f: f.rows)
+    table = pq.read_table(target.uri)
+    i = table.schema.get_field_index(column)
+    table = table.set_column(i, table.schema.field(i),
+                             pc.add(table.column(i), pa.scalar(shift, table.schema.field(i).type)))
+    pq.write_table(table, target.uri)
+    return table.num_rows
+
+
+def test_recompute_repairs_a_tampered_mv_and_its_state_without_touching_dependents(
+        spark, tmp_path):
+    eng = Engine(tmp_path / "wh", spark=spark)
+    try:
+        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+        eng.insert("t", spark.range(600).selectExpr("id", "CAST(id % 6 AS INT) AS g",
+                                                    "id * 7 % 101 AS v"))
+        eng.step()
+        agg_sql = "SELECT g, count(*) AS c, sum(v) AS sv, max(v) AS mx FROM t GROUP BY g"
+        eng.sql(f"CREATE MATERIALIZED VIEW agg WITH (backfill = 'blocking') AS {agg_sql}")
+        eng.step()
+        eng.sql("CREATE MATERIALIZED VIEW over_agg WITH (backfill = 'blocking') AS "
+                "SELECT g, sv FROM agg WHERE c > 0")
+        eng.step()
+        state = eng.relation("agg").plan.states[-1]
+        assert _tamper(eng, "agg", "sv", 1000) > 0
+        assert _tamper(eng, state, "_sf_x0", 500) > 0  # the input rows a lost max is found in
+        assert eng.verify("agg").count() > 0  # VERIFY sees the tampering
+        over_agg_dir = eng.relation("over_agg").dir
+
+        eng.sql("ALTER MATERIALIZED VIEW agg RECOMPUTE")
+        eng.close()  # the request is persisted: a restart still honours it
+        eng = Engine(tmp_path / "wh", spark=spark)
+        report = eng.step()  # no DML: the repair runs on its own
+        assert report.refresh["agg"].mode == "full"
+        assert "RECOMPUTE" in report.refresh["agg"].reason
+        assert eng.verify("agg").count() == 0
+        assert eng.verify("over_agg").count() == 0
+        assert eng.relation("over_agg").dir == over_agg_dir  # never rebuilt
+        # the state was repaired too: deletes that take every group's max away are
+        # answered from it
+        eng.sql("DELETE FROM t WHERE v >= 90")
+        report = eng.step()
+        assert "agg" not in report.refresh or report.refresh["agg"].reason != \
+            "ALTER MATERIALIZED VIEW ... RECOMPUTE"  # a request is honoured once
+        assert_same_rows(eng.read("agg"), spark.sql(agg_sql.replace("FROM t", "FROM {t}"),
+                                                    t=eng.read("t")), label="agg after deletes")
+        assert eng.verify("over_agg").count() == 0
+    finally:
+        eng.close()
+
+
+def test_recompute_is_refused_for_what_it_cannot_rebuild(engine):
+    from sparkfill import SqlError, UnknownRelation
+    engine.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+    with pytest.raises(SqlError, match="is a table"):
+        engine.sql("ALTER MATERIALIZED VIEW t RECOMPUTE")
+    with pytest.raises(UnknownRelation):
+        engine.sql("ALTER MATERIALIZED VIEW nope RECOMPUTE")
+    engine.sql("CREATE MATERIALIZED VIEW m AS SELECT id, v FROM t")
+    with pytest.raises(SqlError, match="still being created"):
+        engine.sql("ALTER MATERIALIZED VIEW m RECOMPUTE")
+    assert engine.coordinator.recompute_requested() == []
