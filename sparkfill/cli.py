@@ -125,8 +125,12 @@ def status_facts(meta: Any, warehouse: Warehouse) -> dict[str, Any]:
                   "connector": sink.connector, "path": sink.path,
                   "epoch_written": synced_epoch(sink.path, sink.id)}
                  for sink in registered]
+    # the last periodic sampled VERIFY of each MV (``SET verify_every = N``)
+    verified = json.loads(meta.get("verify_last") or "{}")
     return {"warehouse": str(warehouse), "committed_epoch": meta.committed_epoch,
-            "relations": relations, "sources": sources, "sinks": sinks}
+            "relations": relations, "sources": sources, "sinks": sinks,
+            "verified": [{"name": name, **found} for name, found in sorted(verified.items())
+                         if name in names.values()]}
 
 
 def _print_status(facts: dict[str, Any], console: Console) -> None:
@@ -157,6 +161,13 @@ def _print_status(facts: dict[str, Any], console: Console) -> None:
             written = sink["epoch_written"]
             out.add_row(sink["name"], sink["from"], sink["connector"], sink["path"],
                         "" if written is None else str(written))
+        console.print(out)
+    if facts.get("verified"):
+        out = Table("sampled VERIFY of", "epoch", "sample", "differing rows")
+        for v in facts["verified"]:
+            found = v["differences"]
+            out.add_row(v["name"], str(v["epoch"]), f"{v['sample']:.2%}",
+                        f"[red]{found:,}[/red]" if found else "0")
         console.print(out)
 
 

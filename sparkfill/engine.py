@@ -12,7 +12,9 @@ after committing it.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import random
 import re
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,7 +43,12 @@ from .errors import (
     UnsupportedQuery,
     WarehouseReadOnly,
 )
-from .options import WAREHOUSE_OPTIONS, resolve_options
+from .options import (
+    DEFAULT_VERIFY_SAMPLE,
+    WAREHOUSE_OPTIONS,
+    resolve_options,
+    sample_fraction,
+)
 from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
 from .progress import EpochReport
 from .session import build_spark_session
@@ -79,7 +86,7 @@ from .storage.meta_store import MetaStore, PgTarget, SourceRow, check_meta, open
 from .storage.metadata import explain_existing, show_rows, show_schema
 from .storage.relation_store import RelationStore
 from .storage.warehouse import Warehouse
-from .verify import differences
+from .verify import differences, sampled_differences
 
 __all__ = ["Engine"]
 
@@ -303,6 +310,12 @@ class Engine:
             warnings.append(f"epoch {report.epoch} committed, but a sink could not write "
                             f"(retried next step): {_translate(exc, 'sink')}")
             LOG.warning(warnings[-1])
+        try:
+            warnings.extend(self._verify_periodically(report.epoch))
+        except Exception as exc:  # noqa: BLE001 - the epoch stands
+            warnings.append(f"epoch {report.epoch} committed, but its sampled VERIFY "
+                            f"failed: {_translate(exc, 'verify')}")
+            LOG.warning(warnings[-1])
         rows, dead = self.sources.report(self.catalog, report.epoch)
         return replace(report, source_rows=rows, dead_letters=dead, warnings=warnings)
 
@@ -434,7 +447,7 @@ class Engine:
             CancelJobs: self._cancel_jobs,
             Explain: self._explain,
             ExplainExisting: self._explain,
-            Verify: lambda c: self.verify(c.name, c.as_of),
+            Verify: lambda c: self.verify(c.name, c.as_of, c.sample),
             CreateSink: lambda c: self.sinks.create(c, self.catalog),
             DropSink: self.sinks.drop,
         }[type(cmd)]
@@ -804,17 +817,21 @@ class Engine:
         return text
 
     @_boundary
-    def verify(self, name: str, as_of: int | None = None) -> DataFrame:
+    def verify(self, name: str, as_of: int | None = None,
+               sample: float | None = None) -> DataFrame:
         """Recompute the MV's SQL as a batch query over its upstreams' snapshots at
         ``as_of`` (default: the committed epoch) and return the rows that differ:
         the MV's columns and ``side`` — "missing" (in the batch result, not in the
         MV) or "extra" (in the MV, not in the batch result). Empty when exact.
         Where the query keeps rows by position (``ORDER BY ... LIMIT``, a filter on
         ``row_number()``), rows that tie at the limit may be any of the tied rows
-        (``sparkfill.verify``)."""
+        (``sparkfill.verify``). ``sample``: compare only a random fraction of the rows
+        (each row of either side with that probability; a fresh sample each call)."""
         rel = self.catalog.get(name)
         if rel.kind != "mv" or rel.sql is None:
             raise SqlError(f"{name!r} is not a materialized view")
+        if sample is not None:
+            sample = sample_fraction(sample)
         epoch = self._epoch_for_read(rel, as_of)
         actual = self._snapshot(rel, epoch)
         tree = parse_statement(rel.sql)
@@ -823,10 +840,47 @@ class Engine:
         found = ranked_selection(tree.tree, rel.plan.topn if rel.plan is not None else None,
                                  expected.columns, actual.columns)
         if found is None:
+            if sample is not None:
+                return sampled_differences(actual, expected, sample,
+                                           random.randrange(1, 2**31))
             return differences(actual, expected)
+        if sample is not None:
+            raise UnsupportedQuery(
+                f"VERIFY ... SAMPLE of {name!r}: its query keeps rows by their position in an "
+                "order, where tied rows may be any of them; a sample of rows cannot tell; "
+                "VERIFY it whole")
         candidates, selection = found
         return differences(actual, self._query(replace(tree, tree=candidates), epoch),
                            selection)
+
+    def _verify_periodically(self, epoch: int) -> list[str]:
+        """``SET verify_every = N``: every N epochs, a sampled VERIFY (``verify_sample``
+        of the rows) of each created MV; its differences become warnings, and the last
+        result of each MV is kept for ``sparkfill status``."""
+        every = self.meta.get("verify_every")
+        if every is None or int(every) <= 0 or epoch % int(every) != 0:
+            return []
+        fraction = float(self.meta.get("verify_sample") or DEFAULT_VERIFY_SAMPLE)
+        warnings, results = [], {}
+        for rel in self.catalog.all():
+            if rel.kind != "mv" or rel.internal or rel.state != "created":
+                continue
+            try:
+                found = self.verify(rel.name, epoch, sample=fraction).count()
+            except UnsupportedQuery:
+                continue  # rows kept by position: VERIFY whole, by hand
+            results[rel.name] = {"epoch": epoch, "sample": fraction, "differences": found}
+            if found:
+                warnings.append(f"epoch {epoch}: a sampled VERIFY of {rel.name!r} "
+                                f"({fraction:.2%} of rows) found {found} differing row(s); "
+                                f"VERIFY MATERIALIZED VIEW {rel.name} shows them, ALTER "
+                                f"MATERIALIZED VIEW {rel.name} RECOMPUTE repairs it")
+                LOG.warning(warnings[-1])
+        with self.meta.transaction() as conn:
+            last = json.loads(self.meta.get("verify_last") or "{}")
+            last.update(results)
+            self.meta.put(conn, "verify_last", json.dumps(last))
+        return warnings
 
     @_boundary
     def relation(self, name: str) -> Relation:

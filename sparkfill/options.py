@@ -13,7 +13,7 @@ from .errors import InvalidOption
 
 __all__ = [
     "BackfillOptions", "STRATEGIES", "REFRESH_MODES", "OPTION_NAMES", "ALTERABLE",
-    "WAREHOUSE_OPTIONS", "validate_option",
+    "WAREHOUSE_OPTIONS", "DEFAULT_VERIFY_SAMPLE", "validate_option", "sample_fraction",
     "resolve_options",
 ]
 
@@ -32,9 +32,12 @@ DEFAULT_REFRESH = "auto"
 
 OPTION_NAMES = ("backfill", "backfill_chunk_rows", "backfill_rate_limit",
                 "backfill_parallelism", "backfill_target_epoch_ms", "backfill_order",
-                "snapshot_backfill_max_lag_epochs", "max_concurrent_creating_jobs", "refresh")
+                "snapshot_backfill_max_lag_epochs", "max_concurrent_creating_jobs", "refresh",
+                "verify_every", "verify_sample")
 #: options of the warehouse (persisted), not of one MV
-WAREHOUSE_OPTIONS = ("max_concurrent_creating_jobs",)
+WAREHOUSE_OPTIONS = ("max_concurrent_creating_jobs", "verify_every", "verify_sample")
+#: the fraction of rows a periodic VERIFY (``verify_every``) checks by default
+DEFAULT_VERIFY_SAMPLE = 0.01
 #: options ALTER MATERIALIZED VIEW ... SET can change while the job runs
 ALTERABLE = ("backfill_rate_limit", "backfill_parallelism", "backfill_target_epoch_ms",
              "refresh")
@@ -97,6 +100,18 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
     return number
 
 
+def sample_fraction(value: Any) -> float:
+    """A sampled VERIFY's fraction of rows: a number in (0, 1]."""
+    try:
+        fraction = float(str(value))
+    except ValueError as exc:
+        raise InvalidOption(f"a sample must be a fraction of rows in (0, 1], got {value!r}"
+                            ) from exc
+    if not 0 < fraction <= 1:
+        raise InvalidOption(f"a sample must be a fraction of rows in (0, 1], got {value!r}")
+    return fraction
+
+
 def validate_option(name: str, value: Any) -> Any:
     """Return the validated value of one option (None means DEFAULT)."""
     key = name.lower()
@@ -123,7 +138,10 @@ def validate_option(name: str, value: Any) -> Any:
             raise InvalidOption("backfill_order must name the MV's relations, e.g. "
                                 "'customers, orders'")
         return names
-    if key in ("backfill_chunk_rows", "backfill_parallelism", "max_concurrent_creating_jobs"):
+    if key == "verify_sample":
+        return sample_fraction(value)
+    if key in ("backfill_chunk_rows", "backfill_parallelism", "max_concurrent_creating_jobs",
+               "verify_every"):
         return _as_int(key, value, 1)
     return _as_int(key, value, 0)
 

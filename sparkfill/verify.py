@@ -19,6 +19,12 @@ count, "missing" for candidates of a group that holds too few (as many as it
 lacks); a group with the right rows but wrong positions is reported as its
 difference with the positions one batch run gives it.
 
+A sampled comparison (``sampled_differences``) checks each row of either side
+with the same probability: a row is in the sample when a seeded hash of its values
+falls below the fraction, on both sides alike, so a row the MV holds wrongly is found
+with probability ``p`` (a wrong value: its wrong and its right image, ``1-(1-p)^2``),
+and ``k`` such rows with ``1-(1-p)^k`` at least.
+
 All of it is DataFrame operations: nothing is collected to the driver.
 """
 
@@ -32,7 +38,11 @@ from pyspark.sql import functions as F
 
 from .sql.ties import RankedSelection
 
-__all__ = ["RankedSelection", "differences"]
+__all__ = ["RankedSelection", "differences", "sampled_differences"]
+
+#: the sample's resolution: a row is sampled when its hash modulo this falls below
+#: ``fraction * SAMPLE_BUCKETS``
+SAMPLE_BUCKETS = 1_000_000
 
 
 def differences(actual: DataFrame, expected: DataFrame,
@@ -137,6 +147,23 @@ def differences(actual: DataFrame, expected: DataFrame,
         return rows.withColumn("side", F.lit(label))
 
     return side(missing, "missing").unionByName(side(extra, "extra")).toDF(*names, "side")
+
+
+def sampled_differences(actual: DataFrame, expected: DataFrame, fraction: float,
+                        seed: int) -> DataFrame:
+    """``differences(actual, expected)`` over the rows of both whose seeded hash
+    falls in the sample (``fraction`` of all rows, the same rows on both sides:
+    ``expected`` is compared in ``actual``'s types)."""
+    names = list(actual.columns)
+    internal = [f"_sf_c{i}" for i in range(len(names))]
+    mv = actual.toDF(*internal)
+    candidates = expected.toDF(*internal).select(
+        *[F.col(c).cast(f.dataType).alias(c) for c, f in zip(internal, mv.schema.fields,
+                                                             strict=True)])
+    # a JSON image hashes any column type alike on both sides (a map has no hash)
+    sampled = (f"pmod(xxhash64({int(seed)}, to_json(struct({', '.join(internal)}))), "
+               f"{SAMPLE_BUCKETS}) < {max(1, round(fraction * SAMPLE_BUCKETS))}")
+    return _exact(mv.where(sampled), candidates.where(sampled)).toDF(*names, "side")
 
 
 def _exact(actual: DataFrame, expected: DataFrame) -> DataFrame:

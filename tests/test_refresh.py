@@ -278,3 +278,63 @@ def test_recompute_is_refused_for_what_it_cannot_rebuild(engine):
     with pytest.raises(SqlError, match="still being created"):
         engine.sql("ALTER MATERIALIZED VIEW m RECOMPUTE")
     assert engine.coordinator.recompute_requested() == []
+
+
+def _tamper_one_row(eng, name: str, column: str) -> None:
+    """Add 1,000 to ``column`` in the first row of one of ``name``'s data files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rel = eng.relation(name)
+    target = next(f for f in eng.store.files_at(rel.stored, eng.committed_epoch) if f.rows)
+    table = pq.read_table(target.uri)
+    i = table.schema.get_field_index(column)
+    values = table.column(i).to_pylist()
+    values[0] += 1000
+    table = table.set_column(i, table.schema.field(i),
+                             pa.array(values, table.schema.field(i).type))
+    pq.write_table(table, target.uri)
+
+
+def test_a_sampled_verify_finds_a_wrong_row_with_its_probability_and_runs_every_n_epochs(
+        spark, tmp_path):
+    from sparkfill.cli import status_facts
+    from sparkfill.sql.frontend import Verify, parse_statement
+
+    assert parse_statement("VERIFY MATERIALIZED VIEW m SAMPLE 0.1") == Verify("m", None, 0.1)
+    assert parse_statement("verify materialized view m as of 3 sample 10 percent") == \
+        Verify("m", 3, 0.1)
+    with pytest.raises(InvalidOption, match=r"fraction of rows in \(0, 1\]"):
+        parse_statement("VERIFY MATERIALIZED VIEW m SAMPLE 5")
+    eng = Engine(tmp_path / "wh", spark=spark)
+    try:
+        eng.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+        eng.insert("t", spark.range(400).selectExpr("id", "id * 3 % 97 AS v"))
+        eng.step()
+        eng.sql("CREATE MATERIALIZED VIEW proj WITH (backfill = 'blocking') AS "
+                "SELECT id, v * 2 AS w FROM t WHERE v % 5 <> 0")
+        eng.step()
+        assert all(eng.verify("proj", sample=0.5).count() == 0 for _ in range(3))
+        with pytest.raises(InvalidOption):
+            eng.verify("proj", sample=0)
+        _tamper_one_row(eng, "proj", "w")
+        assert eng.verify("proj", sample=1.0).count() == 2  # its wrong and its right image
+        # each image is in a sample of 25% with probability 0.25: found with 1 - 0.75^2
+        found = sum(eng.sql("VERIFY MATERIALIZED VIEW proj SAMPLE 25 PERCENT").count() > 0
+                    for _ in range(16))
+        # about 0.4375 * 16 = 7; outside [1, 13] has probability below 0.05%
+        assert 1 <= found <= 13, found
+
+        eng.sql("SET verify_every = 2")
+        eng.sql("SET verify_sample = 1")
+        reports = [eng.step() for _ in range(2)]
+        flagged = [w for r in reports for w in r.warnings if "sampled VERIFY" in w]
+        assert len(flagged) == 1 and "'proj'" in flagged[0] and "2 differing" in flagged[0]
+        facts = status_facts(eng.meta, eng.path)
+        assert facts["verified"] == [{"name": "proj", "epoch": reports[-1].epoch
+                                      if reports[-1].epoch % 2 == 0 else reports[0].epoch,
+                                      "sample": 1.0, "differences": 2}]
+        eng.sql("ALTER MATERIALIZED VIEW proj RECOMPUTE")
+        eng.step()
+        assert eng.verify("proj").count() == 0
+    finally:
+        eng.close()

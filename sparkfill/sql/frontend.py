@@ -16,7 +16,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import SqlError, UnsupportedQuery
-from ..options import validate_option
+from ..options import sample_fraction, validate_option
 from ..storage.schema import Column, normalize_type_name
 from .rewrite import time_windows_to_derived
 
@@ -145,6 +145,8 @@ class ExplainExisting(Command):
 class Verify(Command):
     name: str
     as_of: int | None = None
+    #: ``SAMPLE p``: the fraction of rows checked (None: all)
+    sample: float | None = None
 
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?P<rest>CREATE\s+MATERIALIZED\s+VIEW\s.*)$",
@@ -154,7 +156,9 @@ _EXPLAIN_EXISTING = re.compile(
     re.IGNORECASE)
 _VERIFY = re.compile(
     r"^\s*VERIFY\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
-    r"(\s+AS\s+OF\s+(?:EPOCH\s+)?(?P<epoch>\d+))?\s*;?\s*$", re.IGNORECASE)
+    r"(\s+AS\s+OF\s+(?:EPOCH\s+)?(?P<epoch>\d+))?"
+    r"(\s+SAMPLE\s+(?P<sample>[0-9]*\.?[0-9]+)\s*(?P<percent>PERCENT|%)?)?\s*;?\s*$",
+    re.IGNORECASE)
 _CREATE_MV = re.compile(
     r"^\s*CREATE\s+MATERIALIZED\s+VIEW\s+(?P<ine>IF\s+NOT\s+EXISTS\s+)?"
     r"(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*(?P<rest>.*)$",
@@ -453,8 +457,12 @@ def parse_statement(sql: str) -> Command:
         return ExplainExisting(m.group("name").strip("`"))
     m = _VERIFY.match(sql)
     if m:
+        sample = None
+        if m.group("sample") is not None:
+            value = float(m.group("sample")) / (100 if m.group("percent") else 1)
+            sample = sample_fraction(value)
         return Verify(m.group("name").strip("`"),
-                      None if m.group("epoch") is None else int(m.group("epoch")))
+                      None if m.group("epoch") is None else int(m.group("epoch")), sample)
     m = _CREATE_MV.match(sql)
     if m:
         return _parse_create_mv(m)
