@@ -89,10 +89,12 @@ class Emit(Protocol):
     """Appends a state table's Δ for the epoch (``rows_hint``: about how many rows);
     returns what was written, or None when the Δ was empty. ``deferrable``: the
     operator's lookups can do without the Δ's keys (they read small relations),
-    so the append may wait for the epoch's flush (a ``Deferred`` is returned)."""
+    so the append may wait for the epoch's flush (a ``Deferred`` is returned).
+    ``rewritable``: the same, for a Δ that touches most of the state table: it may
+    be written as the table's new rows instead (``EpochAppends.rewrite``)."""
 
     def __call__(self, rel: Relation, delta: DataFrame, rows_hint: int, *,
-                 deferrable: bool = False) -> StateDelta | None: ...
+                 deferrable: bool = False, rewritable: bool = False) -> StateDelta | None: ...
 
 
 #: a row's weight in a signed change (+1 arrives, -1 leaves): the join's bilinear rule

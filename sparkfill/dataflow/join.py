@@ -76,7 +76,8 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
             side_rows(plan, side, change.after, state),
             cols, state.key, (JOIN_KEY,)),
             rows_hint if leaf_rows is None else leaf_rows[side],
-            deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS))
+            deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS,
+            rewritable=plan.join.how == "inner"))
     moved = [w for w in written if w is not None]
     if not moved:
         return None

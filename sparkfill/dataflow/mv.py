@@ -108,8 +108,12 @@ class MvDataflow:
                                            rows.after.selectExpr(*names_sql(names)), names, mv.key)
             return result
         if rows is not None and aggregate.keeps_input(plan.agg):
-            written = self._emit_stage_input(plan, states[-1], rows, emit, rows_hint,
-                                             deferrable=aggregate.state_may_wait(mv, plan))
+            # a running or a global aggregate reads its state whole when the Δ's keys
+            # are not known: its Δ may wait for the flush, or become the state's rows
+            written = self._emit_stage_input(
+                plan, states[-1], rows, emit, rows_hint,
+                deferrable=aggregate.state_may_wait(mv, plan),
+                rewritable=plan.agg.running is not None or not plan.agg.group)
         elif rows is not None:
             written = self._unkept_stage_input(mv, plan, states[-1], rows, rows_hint)
             if rows_hint > LOCAL_WRITE_ROWS:  # a bulk Δ: its groups size the MV's write
@@ -149,12 +153,13 @@ class MvDataflow:
     # --- the aggregate's or the window functions' input ------------------------------------
 
     def _emit_stage_input(self, plan: MvPlan, state: Relation, rows: Change, emit: Emit,
-                          rows_hint: int, deferrable: bool = False) -> StateDelta | None:
+                          rows_hint: int, deferrable: bool = False,
+                          rewritable: bool = False) -> StateDelta | None:
         """Append the row stage's change to the aggregate's or the window's state table
         (distributed by its first key column, the group or partition); ``deferrable``:
         the append may wait for the epoch's flush."""
         return emit(state, self._stage_delta(plan, state, rows), rows_hint,
-                    deferrable=deferrable)
+                    deferrable=deferrable, rewritable=rewritable)
 
     def _stage_delta(self, plan: MvPlan, state: Relation, rows: Change) -> DataFrame:
         """The row stage's change as a changelog of the aggregate's or the window's

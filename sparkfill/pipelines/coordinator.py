@@ -51,6 +51,7 @@ from ..backfill.state import (
     state_to_row,
 )
 from ..dataflow.change import Deferred, Emit, StateDelta, change_of
+from ..dataflow.changelog import after_images
 from ..dataflow.mv import DataflowResult, MvDataflow
 from ..dataflow.recompute import recompute
 from ..progress import EpochReport, JobProgress, RefreshChoice
@@ -60,7 +61,7 @@ from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
 from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
-from ..storage.schema import names_sql
+from ..storage.schema import VNODE, names_sql
 from .cost import linear_cost
 from .refresh import FULL, RefreshPolicy
 
@@ -68,6 +69,9 @@ __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
 LOG = logging.getLogger("sparkfill")
 
+#: a created MV's state Δ of at least this many rows per row of its table (and more
+#: than ``LOCAL_WRITE_ROWS``) is written as the table's new rows (``EpochAppends.rewrite``)
+REWRITE_FRACTION = 0.5
 #: the meta store's key of the MVs an ``ALTER ... RECOMPUTE`` asked to rebuild (JSON ids)
 RECOMPUTE_KEY = "recompute_requested"
 #: a job that made no progress for this many epochs while not paused is stalled
@@ -147,17 +151,41 @@ class EpochAppends:
     def emitter(self, tag: int | None = None, may_wait: bool = False,
                 may_retract: bool = True) -> Emit:
         """An operator's ``Emit`` for its state tables' Δs. ``may_wait``: a created
-        MV's steady epoch, whose small state Δs the operator says it can read as
-        plans (``deferrable``) are deferred to ``flush`` (one Spark job for them all),
-        not appended each by its own job first; ``may_retract``: whether its leaves'
-        changes hold before-images (and so may its state's Δs)."""
+        MV's epoch, whose small state Δs the operator says it can read as plans
+        (``deferrable``) are deferred to ``flush`` (one Spark job for them all), not
+        appended each by its own job first, and whose Δ that touches most of a state
+        table (``rewritable``) becomes the table's new rows (``rewrite``);
+        ``may_retract``: whether its leaves' changes hold before-images (and so may
+        its state's Δs)."""
         def emit(rel: Relation, delta: DataFrame, rows_hint: int, *,
-                 deferrable: bool = False) -> StateDelta | None:
+                 deferrable: bool = False, rewritable: bool = False) -> StateDelta | None:
             if deferrable and may_wait and tag is None and rows_hint <= LOCAL_WRITE_ROWS:
                 self.defer(rel, delta)
                 return Deferred(delta, may_retract)
+            if (rewritable and may_wait and tag is None and rel.kind == "state"
+                    and rows_hint > LOCAL_WRITE_ROWS
+                    and rows_hint >= REWRITE_FRACTION * rel.row_count):
+                self.rewrite(rel, delta)
+                return Deferred(delta, may_retract)
             return self.append(rel, delta, rows_hint, tag)
         return emit
+
+    def rewrite(self, rel: Relation, delta: DataFrame) -> None:
+        """Write a state table's rows at this epoch — its rows at ``e-1`` with
+        ``delta`` applied — as its new base, in place of appending ``delta``: a Δ of
+        about as many rows as the table (a bulk UPDATE's before- and after-images are
+        twice as many) costs more to append, and its log would be folded into a
+        base right after. Only the table's own operator reads a state's changelog,
+        and only in the epoch that writes it (from ``delta`` itself): the rows at
+        every epoch are all that must be kept, and they are."""
+        key = list(rel.key)
+        cols = names_sql([*[c.name for c in rel.columns], VNODE])
+        old = self.store.snapshot(rel.stored, self.epoch - 1, bulk=True)
+        rows = (old.join(delta.selectExpr(*names_sql(key)), key, "left_anti").selectExpr(*cols)
+                .unionByName(after_images(delta).selectExpr(*cols)))
+        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
+        self.versions[rel.id] = version
+        self.counts[rel.id] = counts
 
     def rows(self, rel_id: int) -> int:
         return sum(self.counts.get(rel_id, {}).values())

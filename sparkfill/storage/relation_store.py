@@ -20,7 +20,10 @@ Invariants:
   one by the executors), and the epoch reads its Δ back from the written files (a
   plan of one leaf, nothing cached). An empty Δ commits nothing.
 - Compaction swaps all files for new base files (a fold), or the log files for
-  one log file of the same rows (a merge), in one Delta commit.
+  one log file of the same rows (a merge), in one Delta commit. A state table's
+  epoch that changes most of its rows may do the same in place of an append
+  (``rewrite``): its rows at that epoch as its new base, its Δ not kept (only its
+  operator reads it, in that epoch, from the Δ's plan).
 - Every file written is registered as pending before Spark writes it, so a crash
   leaves nothing that recovery cannot find and remove.
 """
@@ -776,6 +779,36 @@ class RelationStore:
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(APP_ID, epoch, now_ms)]))
         return self._committed_version(rel)
+
+    def rewrite(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
+                old_rows: int) -> tuple[int, dict[str, int]]:
+        """The relation's live rows at ``epoch`` (columns + ``_vnode``; about
+        ``old_rows`` of them, its rows at ``epoch - 1``) written as its base at
+        ``epoch``, replacing every file in one Delta commit (idempotent per epoch,
+        as ``append``; the files it replaces wait for vacuum, so earlier epochs stay
+        readable). Returns the version and rows per ``_op`` as the epoch's counts:
+        ``+`` the rows written, ``-`` the ``old_rows`` they replace."""
+        dt = self._table(rel)
+        if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
+            version = int(dt.version())  # written before a crash: the same rows
+            return version, {"+": sum(f.rows for f in self.files(rel, version)),
+                             "-": old_rows}
+        subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
+        df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
+        observation = Observation(f"sf_rewrite_{uuid.uuid4().hex}")
+        actions = self._write_files(rel, df, subdir, max(1, old_rows), observation=observation)
+        replaced = self.files_at(rel, epoch - 1)
+        now_ms = int(time.time() * 1000)
+        dt.create_write_transaction(
+            actions, mode="overwrite", schema=dt.schema(),
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(APP_ID, epoch, now_ms)]))
+        version = self._committed_version(rel)
+        with self.meta.transaction() as conn:
+            self.meta.add_removed_files(conn, rel.id, epoch, [f.path for f in replaced])
+            conn.execute("DELETE FROM pending_dirs WHERE dir = ?",
+                         (f"{self.path(rel)}/{subdir}",))
+        return version, {"+": _observed(observation.get).counts.get("+", 0), "-": old_rows}
 
     def compaction_due(self, rel: StoredRelation, epoch: int) -> str | None:
         """What the relation's files as of committed ``epoch`` need: ``"fold"`` (its
