@@ -114,6 +114,8 @@ class EpochAppends:
     tagged: list[tuple[int, int, int]] = field(default_factory=list)
     #: small Δs of MVs nothing reads this epoch, appended together by ``flush``
     deferred: list[tuple[Relation, DataFrame]] = field(default_factory=list)
+    #: Δs cached for the epoch (a rewritten state's), released after the commit
+    cached: list[DataFrame] = field(default_factory=list)
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
                tag: int | None = None, placed: bool = False) -> Appended | None:
@@ -165,19 +167,22 @@ class EpochAppends:
             if (rewritable and may_wait and tag is None and rel.kind == "state"
                     and rows_hint > LOCAL_WRITE_ROWS
                     and rows_hint >= REWRITE_FRACTION * rel.row_count):
-                self.rewrite(rel, delta)
-                return Deferred(delta, may_retract)
+                return Deferred(self.rewrite(rel, delta), may_retract)
             return self.append(rel, delta, rows_hint, tag)
         return emit
 
-    def rewrite(self, rel: Relation, delta: DataFrame) -> None:
+    def rewrite(self, rel: Relation, delta: DataFrame) -> DataFrame:
         """Write a state table's rows at this epoch — its rows at ``e-1`` with
         ``delta`` applied — as its new base, in place of appending ``delta``: a Δ of
         about as many rows as the table (a bulk UPDATE's before- and after-images are
         twice as many) costs more to append, and its log would be folded into a
         base right after. Only the table's own operator reads a state's changelog,
         and only in the epoch that writes it (from ``delta`` itself): the rows at
-        every epoch are all that must be kept, and they are."""
+        every epoch are all that must be kept, and they are. Returns ``delta``
+        cached (the rewrite and the operator both read it; released after the
+        commit), so it is computed once, as an append computes it once."""
+        delta = delta.persist()
+        self.cached.append(delta)
         key = list(rel.key)
         cols = names_sql([*[c.name for c in rel.columns], VNODE])
         old = self.store.snapshot(rel.stored, self.epoch - 1, bulk=True)
@@ -186,6 +191,7 @@ class EpochAppends:
         version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
         self.versions[rel.id] = version
         self.counts[rel.id] = counts
+        return delta
 
     def rows(self, rel_id: int) -> int:
         return sum(self.counts.get(rel_id, {}).values())
@@ -514,8 +520,8 @@ class EpochCoordinator:
                                 f"later): {type(exc).__name__}: {exc}")
                 LOG.warning(warnings[-1])
 
-        for df in cached:
-            after_commit("releasing a backfill chunk", df.unpersist)
+        for df in cached + appends.cached:
+            after_commit("releasing a backfill chunk or a cached Δ", df.unpersist)
         if plan.get("recompute"):
             after_commit("forgetting the honoured RECOMPUTE requests",
                          lambda: self._forget_recompute(plan["recompute"]))
