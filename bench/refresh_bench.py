@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> str:
         _, _, plain_update = step(plain, jobs)
         plain.close()
         rec = median(base + base_after)
-        rows.append(f"| bulk `UPDATE t SET v = v + 1` | "
+        rows.append("| bulk `UPDATE t SET v = v + 1` | "
                     + " | ".join(f"{bulk[m]:.2f} ({bulk[m] / (rec + plain_update):.2f}x)"
                                  for m in MODES)
                     + f" | update alone {plain_update:.2f}s |")
