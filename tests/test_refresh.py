@@ -161,6 +161,7 @@ def test_refresh_option_is_validated_and_a_bad_value_changes_nothing(engine):
     assert [r.name for r in engine.catalog.all() if r.kind == "mv"] == []
     engine.sql("CREATE MATERIALIZED VIEW m WITH (refresh = 'FULL') AS SELECT id, v FROM t")
     assert engine.catalog.get("m").options.refresh == "full"
+    assert engine.explain("m").splitlines()[-1] == "refresh: full"  # EXPLAIN says it
     with pytest.raises(InvalidOption, match="unknown refresh mode"):
         engine.sql("ALTER MATERIALIZED VIEW m SET refresh = 'never'")
     assert engine.catalog.get("m").options.refresh == "full"

@@ -93,4 +93,6 @@ def explain_existing(catalog: Catalog, name: str) -> str:
         lines.append(explain_plan(mv.name, mv.plan, mv.key))
         for state in catalog.states_of(mv):
             lines.append(f"state {state.name}: key=({', '.join(state.key)})")
+    if rel.options is not None:  # how it takes a change (EpochReport.refresh: each epoch's)
+        lines.append(f"refresh: {rel.options.refresh}")
     return "\n".join(lines)
