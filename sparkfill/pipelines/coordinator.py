@@ -69,8 +69,9 @@ __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
 LOG = logging.getLogger("sparkfill")
 
-#: a created MV's state Δ of at least this many rows per row of its table (and more
-#: than ``LOCAL_WRITE_ROWS``) is written as the table's new rows (``EpochAppends.rewrite``)
+#: a created MV's state Δ of at least this many rows per row of its table (one that
+#: holds more than ``LOCAL_WRITE_ROWS``) is written as the table's new rows
+#: (``EpochAppends.rewrite``)
 REWRITE_FRACTION = 0.5
 #: the meta store's key of the MVs an ``ALTER ... RECOMPUTE`` asked to rebuild (JSON ids)
 RECOMPUTE_KEY = "recompute_requested"
@@ -164,8 +165,10 @@ class EpochAppends:
             if deferrable and may_wait and tag is None and rows_hint <= LOCAL_WRITE_ROWS:
                 self.defer(rel, delta)
                 return Deferred(delta, may_retract)
+            # (a state that holds few rows gains nothing: its Δ is about its new rows,
+            # and an append keeps the Δ's keys for the lookups they drive)
             if (rewritable and may_wait and tag is None and rel.kind == "state"
-                    and rows_hint > LOCAL_WRITE_ROWS
+                    and rel.row_count > LOCAL_WRITE_ROWS and rows_hint > LOCAL_WRITE_ROWS
                     and rows_hint >= REWRITE_FRACTION * rel.row_count):
                 return Deferred(self.rewrite(rel, delta), may_retract)
             return self.append(rel, delta, rows_hint, tag)
