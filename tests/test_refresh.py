@@ -358,8 +358,6 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
         "run_agg": "SELECT g, count(*) AS c, max(v) AS mx FROM t GROUP BY g",
         "glob": "SELECT count(*) AS c, avg(v) AS av FROM t",
         "inner": "SELECT t.id, t.v, d.name FROM t JOIN d ON t.g = d.g",
-        "outer": "SELECT t.id, d.name FROM t LEFT JOIN d ON t.g = d.g",
-        "win": "SELECT id, g, rank() OVER (PARTITION BY g ORDER BY v) AS rk FROM t",
     }
 
     def check_all(epoch: int) -> None:
@@ -391,13 +389,11 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
                 rewritten[state] = bool(files) and all(
                     f.kind == "base" and f.compaction_epoch == report.epoch for f in files)
         assert all(rewritten.values()), rewritten
-        # the outer join's and the window's states take appends (their operators read
-        # the Δ's keys): exact all the same
-        for _ in range(2):  # small changes read the rewritten states
-            eng.sql("UPDATE t SET v = v + 100 WHERE id % 37 = 1")
-            eng.sql("DELETE FROM t WHERE id % 53 = 2")
-            eng.insert("d", [{"g": 6, "name": "n6"}])
-            check_all(eng.step().epoch)
+        # small changes read the rewritten states
+        eng.sql("UPDATE t SET v = v + 100 WHERE id % 37 = 1")
+        eng.sql("DELETE FROM t WHERE id % 53 = 2")
+        eng.insert("d", [{"g": 6, "name": "n6"}])
+        check_all(eng.step().epoch)
 
         # an epoch that fails after its rewrites is re-run from its plan on reopen
         real_flush = coordinator_mod.EpochAppends.flush
