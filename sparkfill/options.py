@@ -100,6 +100,14 @@ def _as_int(name: str, value: Any, minimum: int) -> int:
     return number
 
 
+def _one_of(what: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """``value`` as one of the ``allowed`` words (any case)."""
+    word = str(value).lower()
+    if word not in allowed:
+        raise InvalidOption(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+    return word
+
+
 def sample_fraction(value: Any) -> float:
     """A sampled VERIFY's fraction of rows: a number in (0, 1]."""
     try:
@@ -120,17 +128,9 @@ def validate_option(name: str, value: Any) -> Any:
     if value is None:
         return None
     if key == "backfill":
-        strategy = str(value).lower()
-        if strategy not in STRATEGIES:
-            raise InvalidOption(
-                f"unknown backfill strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
-        return strategy
+        return _one_of("backfill strategy", value, STRATEGIES)
     if key == "refresh":
-        mode = str(value).lower()
-        if mode not in REFRESH_MODES:
-            raise InvalidOption(
-                f"unknown refresh mode {value!r}; choose one of {', '.join(REFRESH_MODES)}")
-        return mode
+        return _one_of("refresh mode", value, REFRESH_MODES)
     if key == "backfill_order":
         parts = value if isinstance(value, tuple | list) else str(value).split(",")
         names = tuple(str(n).strip() for n in parts if str(n).strip())

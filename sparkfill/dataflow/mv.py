@@ -37,7 +37,7 @@ from .change import Change, Emit, StateDelta, Unkept
 from .changelog import consolidate
 from .keys import SCAN_ROWS
 
-__all__ = ["DataflowResult", "MvDataflow"]
+__all__ = ["DataflowResult", "MvDataflow", "stage_input_rows"]
 
 
 @dataclass
@@ -133,23 +133,6 @@ class MvDataflow:
         """A top-N MV's changelog for ``epoch`` (``topn.top_n``)."""
         return topn.top_n(self.store, mv, leaf, leaf_delta, epoch)
 
-    # --- the operators' row mappings, for the snapshot strategy's phase 1 -----------------
-
-    @staticmethod
-    def project(plan: MvPlan, inputs: Sequence[DataFrame],
-                keep: Sequence[str] = ()) -> DataFrame:
-        return project.project(plan, inputs, keep)
-
-    @staticmethod
-    def project_branch(plan: MvPlan, branch: int, rows: DataFrame) -> DataFrame:
-        """A UNION ALL branch's rows (with the MV's key columns) from its leaf's rows."""
-        return union.project_branch(plan, branch, rows)
-
-    @staticmethod
-    def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> DataFrame:
-        """A join side's leaf rows as rows of its state table (with their join key)."""
-        return join.side_rows(plan, side, rows, state)
-
     # --- the aggregate's or the window functions' input ------------------------------------
 
     def _emit_stage_input(self, plan: MvPlan, state: Relation, rows: Change, emit: Emit,
@@ -165,8 +148,8 @@ class MvDataflow:
         """The row stage's change as a changelog of the aggregate's or the window's
         state table (distributed by its first key column)."""
         return consolidate(
-            None if rows.before is None else self.stage_input_rows(plan, state, rows.before),
-            self.stage_input_rows(plan, state, rows.after),
+            None if rows.before is None else stage_input_rows(plan, state, rows.before),
+            stage_input_rows(plan, state, rows.after),
             [c.name for c in state.columns], state.key, state.key[:1])
 
     def _unkept_stage_input(self, mv: Relation, plan: MvPlan, state: Relation, rows: Change,
@@ -182,13 +165,9 @@ class MvDataflow:
             return Unkept(delta, rows.before is not None, keys, vnodes)
         return Unkept(delta, rows.before is not None)
 
-    def stage_input_rows(self, plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
-        """Row-stage rows as rows of the state table of the aggregate or of the window
-        functions (its first key column: the row's group or partition)."""
-        return (aggregate.agg_input_rows(plan, state, rows) if plan.agg is not None
-                else window.window_input_rows(plan, state, rows))
 
-    def evaluate_stage(self, mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
-        """The MV's rows over whole groups or partitions of that state's ``rows``."""
-        return (aggregate.evaluate(mv, plan, rows) if plan.agg is not None
-                else window.evaluate_window(mv, plan, rows))
+def stage_input_rows(plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:
+    """Row-stage rows as rows of the state table of the aggregate or of the window
+    functions (its first key column: the row's group or partition)."""
+    return (aggregate.agg_input_rows(plan, state, rows) if plan.agg is not None
+            else window.window_input_rows(plan, state, rows))

@@ -34,6 +34,7 @@ from ..storage.schema import names_sql
 from . import aggregate, join, project, union, window
 from .change import Change, Emit
 from .changelog import consolidate, union_all
+from .mv import stage_input_rows
 
 __all__ = ["Target", "leaf_part", "contents", "recompute", "mapped_change", "difference"]
 
@@ -69,10 +70,8 @@ def leaf_part(mv: Relation, states: Sequence[Relation], leaf: int, rows: DataFra
     if plan.join is not None:
         return join.side_rows(plan, leaf, rows, states[leaf])
     projected = project.project(plan, [rows])
-    if plan.agg is not None:
-        return aggregate.agg_input_rows(plan, states[-1], projected)
-    if plan.window is not None:
-        return window.window_input_rows(plan, states[-1], projected)
+    if plan.agg is not None or plan.window is not None:
+        return stage_input_rows(plan, states[-1], projected)
     return projected.select(*[c.name for c in mv.columns])
 
 
@@ -100,9 +99,7 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
             sides.append(rows.select(*[c.name for c in leaves[side].columns]))
         joined = project.project(plan, sides)
         if staged:
-            stage_rows = (aggregate.agg_input_rows(plan, states[-1], joined)
-                          if plan.agg is not None
-                          else window.window_input_rows(plan, states[-1], joined))
+            stage_rows = stage_input_rows(plan, states[-1], joined)
         else:
             mv_rows, mv_hint = joined.select(*[c.name for c in mv.columns]), input_rows
     elif staged:

@@ -597,26 +597,25 @@ class EpochCoordinator:
                        for leaf in leaves]
             if all(c is None for c in changes) and not repair:
                 return None, [], 0
+            ops = [appends.counts.get(leaf.id, {}) for leaf in leaves]
             # the rows a recompute reads: each leaf's, before or after the change
-            leaf_rows = sum(max(leaf.row_count, leaf.row_count + appends.counts.get(
-                leaf.id, {}).get("+", 0) - appends.counts.get(leaf.id, {}).get("-", 0))
-                for leaf in leaves)
+            leaf_rows = sum(max(leaf.row_count, leaf.row_count + c.get("+", 0) - c.get("-", 0))
+                            for leaf, c in zip(leaves, ops, strict=True))
             choice = (RefreshChoice(FULL, "ALTER MATERIALIZED VIEW ... RECOMPUTE") if repair
                       else self.refresh.choose(rel, hint, leaf_rows))
             choices[rel.id] = _Choice(choice, hint, leaf_rows)
             if choice.mode == FULL:
-                # a repair compares every relation whole: none is trusted
+                # a repair compares every relation whole (none is trusted): its
+                # differences are bounded by the MV's rows, not by the change
+                hint = max(hint, rel.row_count) if repair else hint
                 diff = recompute(self.store, rel, leaves, states,
                                  [self._rows_at(leaf, appends, epoch) for leaf in leaves],
                                  changes,
-                                 [leaf.row_count + appends.counts.get(leaf.id, {}).get("+", 0)
-                                  for leaf in leaves],
-                                 epoch, appends.emitter(),
-                                 max(hint, rel.row_count) if repair else hint, whole=repair)
-                return (DataflowResult(diff, recomputed=True), [],
-                        max(hint, rel.row_count) if repair else hint)
-            emit = appends.emitter(may_wait=True, may_retract=any(
-                retracts(appends.counts.get(leaf.id, {})) for leaf in leaves))
+                                 [leaf.row_count + c.get("+", 0)
+                                  for leaf, c in zip(leaves, ops, strict=True)],
+                                 epoch, appends.emitter(), hint, whole=repair)
+                return DataflowResult(diff, recomputed=True), [], hint
+            emit = appends.emitter(may_wait=True, may_retract=any(retracts(c) for c in ops))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
                                       [appends.rows(leaf.id) for leaf in leaves]),
                     [], hint)
