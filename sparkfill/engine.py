@@ -46,10 +46,12 @@ from .errors import (
 from .options import (
     DEFAULT_VERIFY_SAMPLE,
     WAREHOUSE_OPTIONS,
+    BackfillOptions,
     resolve_options,
     sample_fraction,
 )
 from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
+from .pipelines.replace import check_replacement
 from .progress import EpochReport
 from .session import build_spark_session
 from .sinks import SinkManager
@@ -77,6 +79,7 @@ from .sql.frontend import (
 from .sql.links import explain_chain, plan_chain
 from .sql.planner import (
     LeafInfo,
+    PlannedMv,
 )
 from .sql.ties import ranked_selection
 from .storage.catalog import Catalog, Relation, check_not_reserved
@@ -85,6 +88,7 @@ from .storage.lock import AdvisoryLock, WriterLock
 from .storage.meta_store import MetaStore, PgTarget, SourceRow, check_meta, open_postgres
 from .storage.metadata import explain_existing, show_rows, show_schema
 from .storage.relation_store import RelationStore
+from .storage.schema import Column
 from .storage.warehouse import Warehouse
 from .verify import differences, sampled_differences
 
@@ -378,8 +382,10 @@ class Engine:
         return epoch
 
     def _snapshot(self, rel: Relation, epoch: int) -> DataFrame:
-        return self.store.snapshot(rel.stored, epoch).select(
-            *[c.name for c in rel.visible_columns])
+        """``rel``'s visible rows at ``epoch``, in its columns then (``Relation.at``)."""
+        then = rel.at(epoch)
+        return self.store.snapshot(then.stored, epoch).select(
+            *[c.name for c in then.visible_columns])
 
     @_boundary
     def read(self, name: str, as_of: int | None = None) -> DataFrame:
@@ -420,7 +426,7 @@ class Engine:
             raise UnknownRelation(f"no materialized view named {name!r}")
         if rel.kind != "mv":
             raise SqlError(f"{name!r} is a table; progress is kept for materialized views")
-        return self.coordinator.job_progress(rel)
+        return self.coordinator.user_job(rel)
 
     # --- SQL ------------------------------------------------------------------------------
 
@@ -529,14 +535,25 @@ class Engine:
         return None
 
     def _create_mv(self, cmd: CreateMaterializedView) -> None:
+        existing = self.catalog.find(cmd.name)
+        if cmd.or_replace and existing is not None and not existing.internal:
+            return self._replace_mv(cmd, existing)
         if not self._check_new_name(cmd.name):
             if cmd.if_not_exists:
                 return None
             raise RelationExists(f"a relation named {cmd.name!r} already exists")
         options = resolve_options(self._session_options, cmd.options)
-        # plan every link of the join chain and the MV before anything is created
-        links, planned = plan_chain(self.spark, cmd.name, cmd.query, self._columns_of,
-                                    self._leaf_info)
+        links, planned = self._plan_mv(cmd, cmd.name, options, self._columns_of,
+                                       self._leaf_info)
+        self._start_mv(cmd, cmd.name, options, links, planned)
+        return None
+
+    def _plan_mv(self, cmd: CreateMaterializedView, name: str, options: BackfillOptions,
+                 columns_of: Callable[[str], list[str] | None],
+                 leaf_info: Callable[[str], LeafInfo],
+                 ) -> tuple[list[tuple[Any, PlannedMv]], PlannedMv]:
+        """Plan every link of the join chain and the MV (nothing is created)."""
+        links, planned = plan_chain(self.spark, name, cmd.query, columns_of, leaf_info)
         leaf_names = {n.lower() for p in (*[lp for _, lp in links], planned)
                       for lf in p.plan.leaves for n in (lf.alias, lf.relation)}
         unknown = [n for n in options.backfill_order if n.lower() not in leaf_names]
@@ -544,6 +561,13 @@ class Engine:
             raise InvalidOption(f"backfill_order names {', '.join(map(repr, unknown))}, which "
                                 f"{cmd.name!r} does not read; it reads "
                                 f"{', '.join(lf.alias for lf in planned.plan.leaves)}")
+        return links, planned
+
+    def _start_mv(self, cmd: CreateMaterializedView, name: str, options: BackfillOptions,
+                  links: list[tuple[Any, PlannedMv]], planned: PlannedMv,
+                  replaces: int | None = None) -> None:
+        """Create the MV ``name`` (with its links and state tables) in one meta-store
+        transaction, as a creating job; ``replaces``: the MV it is a replacement for."""
         first_id = self.meta.next_relation_id()
         owner_id = first_id + sum(1 + len(lp.states) for _, lp in links)
         epoch = self.meta.committed_epoch
@@ -551,19 +575,21 @@ class Engine:
         next_id = first_id
         for link, sql in [*[(lp, lk.query.sql(dialect="spark")) for lk, lp in links],
                           (planned, cmd.query_sql)]:
-            name = cmd.name if link is planned else links[len(groups)][0].name
+            rel_name = name if link is planned else links[len(groups)][0].name
             rel_id = next_id
             states = [Relation(
-                id=rel_id + 1 + i, name=f"__sf_{name.removeprefix('__sf_')}_{d.role}",
+                id=rel_id + 1 + i, name=f"__sf_{rel_name.removeprefix('__sf_')}_{d.role}",
                 kind="state", columns=d.columns, key=d.key, state="created",
-                created_epoch=epoch, dir=f"{rel_id + 1 + i:06d}-{name}-{d.role}", owner=rel_id)
+                created_epoch=epoch, dir=f"{rel_id + 1 + i:06d}-{rel_name}-{d.role}",
+                owner=rel_id)
                 for i, d in enumerate(link.states)]
             plan = replace(link.plan, states=tuple(r.name for r in states))
             groups.append((Relation(
-                id=rel_id, name=name, kind="mv", columns=tuple(link.columns),
+                id=rel_id, name=rel_name, kind="mv", columns=tuple(link.columns),
                 key=tuple(link.key), state="creating", created_epoch=epoch,
-                dir=f"{rel_id:06d}-{name}", sql=sql, plan=plan, options=options,
-                owner=None if link is planned else owner_id), states))
+                dir=f"{rel_id:06d}-{rel_name}", sql=sql, plan=plan, options=options,
+                owner=None if link is planned else owner_id,
+                replaces=replaces if link is planned else None), states))
             next_id += 1 + len(states)
         assert groups[-1][0].id == owner_id
         self._new_relations(groups)
@@ -571,7 +597,59 @@ class Engine:
             created = self.catalog.get_by_id(rel.id)
             if uses_snapshot_job(created) and not self.catalog.is_waiting(created):
                 self.coordinator.snapshots.start(created)
+
+    def _replace_mv(self, cmd: CreateMaterializedView, mv: Relation) -> None:
+        """``CREATE OR REPLACE MATERIALIZED VIEW`` of an existing MV: checked whole
+        first (nothing changes if it is refused), then the new definition starts as
+        a replacement job beside ``mv``, which keeps serving its old definition; an
+        earlier replacement not switched yet is dropped. The switch is the
+        coordinator's (``pipelines/replace.py``)."""
+        if mv.kind != "mv" or mv.options is None:
+            raise SqlError(f"{mv.name!r} is a table; CREATE OR REPLACE MATERIALIZED VIEW "
+                           "replaces a materialized view")
+        if mv.state != "created":
+            raise SqlError(f"materialized view {mv.name!r} is still being created; CANCEL "
+                           f"JOBS {mv.name} and create it again with the new query")
+        downstream = {r.name.lower() for r in self.catalog.downstream_of(mv)}
+        own_name = mv.name.lower()
+
+        def leaf_info(name: str) -> LeafInfo:
+            if name.lower() == own_name or name.lower() in downstream:
+                what = ("itself" if name.lower() == own_name
+                        else f"{name!r}, which reads {mv.name!r}")
+                raise UnsupportedQuery(f"the new query of {mv.name!r} reads {what}: a "
+                                       "materialized view cannot be defined over its own "
+                                       "rows")
+            return self._leaf_info(name)
+
+        options = resolve_options(self._session_options, cmd.options)
+        name = f"__sf_r{self.meta.next_relation_id()}_{mv.name}"
+        links, planned = self._plan_mv(cmd, name, options, self._columns_of, leaf_info)
+        check_replacement(mv, planned, self.catalog, self.sinks.sinks_of(mv),
+                          self._plan_dependent)
+        old = self.catalog.replacement_of(mv)
+        if old is not None:
+            self._drop_relations(old)
+        self._start_mv(cmd, name, options, links, planned, replaces=mv.id)
         return None
+
+    def _plan_dependent(self, dep: Relation, new: LeafInfo) -> list[Column]:
+        """The columns of the user's MV ``dep`` planned again with relation ``new``
+        in place of the one of its name (raises where it fails)."""
+        assert dep.sql is not None
+        tree = parse_statement(dep.sql)
+        assert isinstance(tree, Query)
+
+        def columns_of(name: str) -> list[str] | None:
+            if name.lower() == new.name.lower():
+                return [c.name for c in new.columns if not c.hidden]
+            return self._columns_of(name)
+
+        def leaf_info(name: str) -> LeafInfo:
+            return new if name.lower() == new.name.lower() else self._leaf_info(name)
+
+        _, planned = plan_chain(self.spark, dep.name, tree.tree, columns_of, leaf_info)
+        return planned.columns
 
     def _columns_of(self, name: str) -> list[str] | None:
         """A table's or MV's visible column names (None: no such relation)."""
@@ -616,6 +694,16 @@ class Engine:
                 raise DependentObjects(
                     f"cannot drop {rel.name!r}: materialized view(s) "
                     f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
+        replacement = self.catalog.replacement_of(rel) if rel.kind == "mv" else None
+        if replacement is not None:
+            self._drop_relations(replacement)
+        self._drop_relations(rel, owned)
+        return None
+
+    def _drop_relations(self, rel: Relation, owned: Sequence[Relation] = ()) -> None:
+        """Remove ``rel`` (an MV with its join chain's links and every state table;
+        a table with ``owned``, its dead-letter table) from the meta store in one
+        transaction, then its files."""
         ids = {r.id for r in (rel, *owned)}
         staged = [b.path for b in self.meta.staged() if b.rel_id in ids]
         # an MV goes with its join chain's links; each MV with its state tables
@@ -633,7 +721,6 @@ class Engine:
         for mv in mvs:
             self.coordinator.scan.forget(mv.id)
         self.catalog.reload()
-        return None
 
     def _alter_mv(self, cmd: AlterMaterializedView) -> None:
         rel = self.catalog.get(cmd.name)
@@ -641,15 +728,19 @@ class Engine:
             raise UnknownRelation(f"no materialized view named {cmd.name!r}")
         if rel.kind != "mv" or rel.options is None:
             raise SqlError(f"{cmd.name!r} is a table; ALTER MATERIALIZED VIEW needs an MV")
-        options = rel.options.altered(cmd.option, cmd.value)
-        mvs = [rel, *self.catalog.internals_of(rel)]  # the links follow their MV
+        # the links follow their MV; a replacement being built takes the option too
+        replacement = self.catalog.replacement_of(rel)
+        owners = [rel] if replacement is None else [rel, replacement]
+        altered = [(mv, owner.options.altered(cmd.option, cmd.value))
+                   for owner in owners if owner.options is not None
+                   for mv in (owner, *self.catalog.internals_of(owner))]
         with self.meta.transaction() as conn:
-            for mv in mvs:
+            for mv, options in altered:
                 definition = mv.definition()
                 definition["options"] = options.to_json()
                 self.meta.update_definition(conn, mv.id, definition)
         self.catalog.reload()
-        for mv in mvs:
+        for mv, options in altered:
             self.coordinator.snapshots.set_rate_limit(mv.id, options.rate_limit)
         return None
 
@@ -674,10 +765,15 @@ class Engine:
     def _cancel_jobs(self, cmd: CancelJobs) -> None:
         rels = [self.catalog.get(n) for n in cmd.names]
         for rel in rels:
-            if rel.kind != "mv" or rel.state != "creating":
+            if rel.internal or rel.kind != "mv" or (
+                    rel.state != "creating" and self.catalog.replacement_of(rel) is None):
                 raise SqlError(f"{rel.name!r} has no creating job to cancel")
         for rel in rels:
-            self._drop(Drop("mv", rel.name))
+            replacement = self.catalog.replacement_of(rel)
+            if replacement is not None:  # the MV keeps its definition
+                self._drop_relations(replacement)
+            else:
+                self._drop(Drop("mv", rel.name))
         return None
 
     def _set(self, cmd: SetOption) -> None:
@@ -834,6 +930,8 @@ class Engine:
             sample = sample_fraction(sample)
         epoch = self._epoch_for_read(rel, as_of)
         actual = self._snapshot(rel, epoch)
+        rel = rel.at(epoch)  # the definition it had then (CREATE OR REPLACE)
+        assert rel.sql is not None
         tree = parse_statement(rel.sql)
         assert isinstance(tree, Query)
         expected = self._query(tree, epoch)

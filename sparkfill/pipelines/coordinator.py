@@ -64,6 +64,7 @@ from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, 
 from ..storage.schema import VNODE, names_sql
 from .cost import linear_cost
 from .refresh import FULL, RefreshPolicy
+from .replace import Switch, switch_delta, switched
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
@@ -385,7 +386,10 @@ class EpochCoordinator:
                                 for r in creating},
                 "queued": sorted(queued),
                 # MVs rebuilt from their upstreams this epoch (ALTER ... RECOMPUTE)
-                "recompute": self.recompute_requested()}
+                "recompute": self.recompute_requested(),
+                # MVs that switch to their created replacement (CREATE OR REPLACE)
+                "switch": {str(r.replaces): r.id for r in self.catalog.all()
+                           if r.replaces is not None and r.state == "created"}}
 
     def recompute_requested(self) -> list[int]:
         """The created MVs an ``ALTER MATERIALIZED VIEW ... RECOMPUTE`` asked to rebuild."""
@@ -423,6 +427,8 @@ class EpochCoordinator:
     def execute(self, plan: dict[str, Any]) -> EpochReport:
         started = time.time()
         epoch = int(plan["epoch"])
+        if plan.get("switch"):
+            self.catalog.reload()  # drop what a failed run of a switch held in memory
         if plan.get("proctime_us") is None:  # a plan persisted before processing time
             plan = {**plan, "proctime_us": self.proctime_us(started)}
         self.store.rows_read.clear()
@@ -447,6 +453,12 @@ class EpochCoordinator:
         choices: dict[int, _Choice] = {}
         #: relations whose Δ an MV (created, creating or waiting) reads
         read_now = {u.lower() for r in self.catalog.all() for u in r.upstreams}
+        #: MVs that switch to their replacement (which is read whole, after its Δ)
+        switching = {int(m): int(r) for m, r in (plan.get("switch") or {}).items()
+                     if self.catalog.find_by_id(int(m)) is not None
+                     and self.catalog.find_by_id(int(r)) is not None}
+        read_now |= {self.catalog.get_by_id(r).name.lower() for r in switching.values()}
+        switches: list[Switch] = []
         for rel in self.catalog.all():
             if rel.kind == "state":
                 continue  # computed with its MV
@@ -464,6 +476,14 @@ class EpochCoordinator:
                     created.append(rel.id)
                 out, hint = step.result, step.rows_hint
                 scans: list[ScanResult] = []
+            elif rel.id in switching:
+                rel, switch, out, hint = self._switch(rel, switching[rel.id], appends, epoch)
+                switches.append(switch)
+                self.catalog.substitute(rel)  # its dependents read it switched
+                scans = []
+                choices[rel.id] = _Choice(RefreshChoice(
+                    FULL, "CREATE OR REPLACE: switched to the new query (the change is "
+                    "the difference of the two contents)"), hint, hint)
             else:
                 with self.store.reading_for(rel.name):
                     out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
@@ -487,7 +507,7 @@ class EpochCoordinator:
                         appends.append(rel, out.delta, hint, out.tag, out.placed)
             if scans:
                 own_seconds[rel.id] = time.time() - began
-            if rel.id in choices:
+            if rel.id in choices and rel.id not in switching:
                 took = choices[rel.id]
                 self.refresh.record(rel.id, took.choice.mode, took.changed_rows, took.leaf_rows,
                                     time.time() - began)
@@ -505,6 +525,8 @@ class EpochCoordinator:
                                                for rid, c in counts.items()}},
             progress=progress, created=created, applied_dml_upto=int(plan["dml_upto"]),
             tagged_versions=appends.tagged, proctime_us=int(plan["proctime_us"]),
+            definitions={k: v for sw in switches for k, v in sw.definitions.items()},
+            dropped=[r.id for sw in switches for r in sw.dropped],
         ))
 
         # phase 4: release the epoch's backfill chunks; housekeeping. The epoch is
@@ -525,6 +547,9 @@ class EpochCoordinator:
 
         for df in cached + appends.cached:
             after_commit("releasing a backfill chunk or a cached Δ", df.unpersist)
+        for sw in switches:
+            after_commit("removing the files of a switched MV's old state and of its "
+                         "replacement", lambda sw=sw: self._forget_switched(sw))
         if plan.get("recompute"):
             after_commit("forgetting the honoured RECOMPUTE requests",
                          lambda: self._forget_recompute(plan["recompute"]))
@@ -538,15 +563,17 @@ class EpochCoordinator:
             self._adapt_budget(mv, finished - started, own_seconds.get(mv_id),
                                chunk_rows[mv_id])
         after_commit("compaction and vacuum", lambda: self._housekeep(epoch, appends.versions))
-        changes = {self.catalog.get_by_id(rid).name:
-                   c.get("+", 0) + c.get("-", 0) + c.get("U+", 0) for rid, c in counts.items()}
+        # by name: the relations that still exist (a switch drops its replacement's)
+        names = {r.id: r.name for r in self.catalog.all()}
+        changes = {names[rid]: c.get("+", 0) + c.get("-", 0) + c.get("U+", 0)
+                   for rid, c in counts.items() if rid in names}
         return EpochReport(epoch=epoch, seconds=finished - started, changes=changes,
                            jobs=self.jobs(), rows_read=self.last_rows_read,
-                           backfill_rows={self.catalog.get_by_id(k).name: v
-                                          for k, v in chunk_rows.items()},
+                           backfill_rows={names[k]: v for k, v in chunk_rows.items()
+                                          if k in names},
                            spark_jobs=spark_jobs, warnings=warnings,
-                           refresh={self.catalog.get_by_id(k).name: c.choice
-                                    for k, c in choices.items()})
+                           refresh={names[k]: c.choice for k, c in choices.items()
+                                    if k in names})
 
     def prepare_snapshot_job(self, mv: Relation) -> Relation:
         """A snapshot job that waited for its upstream MVs takes its snapshot as of the
@@ -636,6 +663,30 @@ class EpochCoordinator:
                                    [appends.rows(leaf.id) + s.chunk_rows
                                     for leaf, s in zip(leaves, scans, strict=True)])
         return result, scans, hint
+
+    def _switch(self, mv: Relation, rep_id: int, appends: EpochAppends, epoch: int,
+                ) -> tuple[Relation, Switch, DataflowResult, int]:
+        """The epoch where ``mv`` switches to its created replacement (processed
+        before it this epoch): ``mv`` as switched, what the commit writes, and as
+        its Δ the difference between its old rows and the replacement's (the Δ's
+        rows: at most both contents)."""
+        rep = self.catalog.get_by_id(rep_id)
+        new, switch = switched(self.catalog, mv, rep, epoch)
+        self.store.add_columns(new.stored)
+        rows = self._rows_at(rep, appends, epoch)
+        with self.store.reading_for(mv.name):
+            delta = switch_delta(self.store, mv, new, rows, epoch)
+        hint = mv.row_count + rep.row_count + appends.rows(rep.id)
+        return new, switch, DataflowResult(delta, recomputed=True), hint
+
+    def _forget_switched(self, switch: Switch) -> None:
+        """After a switch commits: the dropped relations' files and in-memory state."""
+        for rel in switch.dropped:
+            self.store.delete(rel.dir)
+            self.scan.forget(rel.id)
+            self.refresh.forget(rel.id)
+        for rel_id in switch.definitions:
+            self.refresh.forget(rel_id)  # a new query: its measured costs start over
 
     def _rows_at(self, leaf: Relation, appends: EpochAppends, epoch: int) -> DataFrame:
         """The live rows of ``leaf`` at ``epoch``, this epoch's append included (not
@@ -809,8 +860,16 @@ class EpochCoordinator:
         return JobProgress(mv.name, mv.options.strategy, state, done, total, rate, eta,
                            vnodes_done=vnodes, paused=paused, stalled=stalled)
 
+    def user_job(self, mv: Relation) -> JobProgress:
+        """The job of the user's MV ``mv``: its creation, or a replacement being
+        built for it (``CREATE OR REPLACE``; until the switch), under its name."""
+        rep = self.catalog.replacement_of(mv)
+        if rep is None:
+            return self.job_progress(mv)
+        return replace(self.job_progress(rep), name=mv.name)
+
     def jobs(self) -> list[JobProgress]:
-        return [self.job_progress(r) for r in self.catalog.all()
+        return [self.user_job(r) for r in self.catalog.all()
                 if r.kind == "mv" and not r.internal]
 
 

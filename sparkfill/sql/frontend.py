@@ -22,7 +22,8 @@ from .rewrite import time_windows_to_derived
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
-    "AlterMaterializedView", "RecomputeMaterializedView", "CancelJobs", "CreateSink", "DropSink",
+    "AlterMaterializedView", "RecomputeMaterializedView", "SwapMaterializedViews", "CancelJobs",
+    "CreateSink", "DropSink",
     "InsertValues", "Update", "Delete", "Query", "Explain", "Verify", "parse_statement",
 ]
 
@@ -50,6 +51,9 @@ class CreateMaterializedView(Command):
     query_sql: str
     query: exp.Expr
     if_not_exists: bool = False
+    #: ``CREATE OR REPLACE``: an existing MV of that name switches to this query once
+    #: the query is built online beside it
+    or_replace: bool = False
 
 
 @dataclass
@@ -77,6 +81,14 @@ class RecomputeMaterializedView(Command):
     """``ALTER MATERIALIZED VIEW name RECOMPUTE``: rebuild it from its upstreams."""
 
     name: str
+
+
+@dataclass
+class SwapMaterializedViews(Command):
+    """``ALTER MATERIALIZED VIEW a SWAP WITH b``: the two MVs exchange definitions."""
+
+    name: str
+    other: str
 
 
 @dataclass
@@ -149,7 +161,8 @@ class Verify(Command):
     sample: float | None = None
 
 
-_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?P<rest>CREATE\s+MATERIALIZED\s+VIEW\s.*)$",
+_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?P<rest>CREATE\s+(OR\s+REPLACE\s+)?MATERIALIZED\s+VIEW"
+                      r"\s.*)$",
                       re.IGNORECASE | re.DOTALL)
 _EXPLAIN_EXISTING = re.compile(
     r"^\s*EXPLAIN\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*;?\s*$",
@@ -160,7 +173,8 @@ _VERIFY = re.compile(
     r"(\s+SAMPLE\s+(?P<sample>[0-9]*\.?[0-9]+)\s*(?P<percent>PERCENT|%)?)?\s*;?\s*$",
     re.IGNORECASE)
 _CREATE_MV = re.compile(
-    r"^\s*CREATE\s+MATERIALIZED\s+VIEW\s+(?P<ine>IF\s+NOT\s+EXISTS\s+)?"
+    r"^\s*CREATE\s+(?P<orr>OR\s+REPLACE\s+)?MATERIALIZED\s+VIEW\s+"
+    r"(?P<ine>IF\s+NOT\s+EXISTS\s+)?"
     r"(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*(?P<rest>.*)$",
     re.IGNORECASE | re.DOTALL,
 )
@@ -173,6 +187,9 @@ _ALTER = re.compile(
 _RECOMPUTE = re.compile(
     r"^\s*ALTER\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s+"
     r"RECOMPUTE\s*;?\s*$", re.IGNORECASE)
+_SWAP = re.compile(
+    r"^\s*ALTER\s+MATERIALIZED\s+VIEW\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s+"
+    r"SWAP\s+WITH\s+(?P<other>[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)\s*;?\s*$", re.IGNORECASE)
 _CANCEL = re.compile(r"^\s*CANCEL\s+JOBS?\s+(?P<names>.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _SHOW = re.compile(r"^\s*SHOW\s+(?P<what>TABLES|MATERIALIZED\s+VIEWS|JOBS|SINKS)\s*;?\s*$",
                    re.IGNORECASE)
@@ -299,7 +316,12 @@ def _parse_create_mv(m: re.Match[str]) -> CreateMaterializedView:
         query = sqlglot.parse_one(query_sql, read="spark")
     except sqlglot.errors.ParseError as exc:
         raise SqlError(f"cannot parse the query of materialized view {name!r}: {exc}") from exc
-    return CreateMaterializedView(name, options, query_sql, query, bool(m.group("ine")))
+    or_replace = bool(m.group("orr"))
+    if or_replace and m.group("ine"):
+        raise SqlError("CREATE OR REPLACE MATERIALIZED VIEW and IF NOT EXISTS exclude each "
+                       "other: use one")
+    return CreateMaterializedView(name, options, query_sql, query, bool(m.group("ine")),
+                                  or_replace)
 
 
 _GENERATED_AS = re.compile(r"\bAS\s+(?=[A-Za-z_][A-Za-z0-9_]*\s*\()", re.IGNORECASE)
@@ -469,6 +491,9 @@ def parse_statement(sql: str) -> Command:
     m = _RECOMPUTE.match(sql)
     if m:
         return RecomputeMaterializedView(m.group("name").strip("`"))
+    m = _SWAP.match(sql)
+    if m:
+        return SwapMaterializedViews(m.group("name").strip("`"), m.group("other").strip("`"))
     m = _ALTER.match(sql)
     if m:
         option = m.group("option").lower()

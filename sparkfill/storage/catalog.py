@@ -7,7 +7,7 @@ dataflow; the in-memory catalog always mirrors the meta store's committed rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import SqlError, UnknownRelation
@@ -47,12 +47,26 @@ class Relation:
     #: a table's processing-time column (``col TIMESTAMP AS PROCTIME()``): every row
     #: version an epoch writes holds that epoch's processing time there
     proctime: str | None = None
+    #: a replacement (``CREATE OR REPLACE``): the MV it is built for, which switches
+    #: to its definition once it is created
+    replaces: int | None = None
+    #: an MV's earlier definitions, oldest first: (the last epoch it held, its
+    #: columns, its SQL); ``at(epoch)`` is the relation as it was at an epoch
+    history: tuple[tuple[int, tuple[Column, ...], str | None], ...] = ()
+
+    def at(self, epoch: int) -> Relation:
+        """The relation as it was at ``epoch``: its columns and SQL then (an MV that
+        ``CREATE OR REPLACE`` switched later had its earlier definition's)."""
+        for until, columns, sql in self.history:
+            if epoch <= until:
+                return replace(self, columns=columns, sql=sql)
+        return self
 
     @property
     def internal(self) -> bool:
-        """A relation sparkfill made for an MV (a state table, a join-chain link):
-        not the user's to name, read or drop."""
-        return self.kind == "state" or self.owner is not None
+        """A relation sparkfill made for an MV (a state table, a join-chain link, a
+        replacement): not the user's to name, read or drop."""
+        return self.kind == "state" or self.owner is not None or self.replaces is not None
 
     @property
     def stored(self) -> StoredRelation:
@@ -83,6 +97,11 @@ class Relation:
         }
         if self.proctime is not None:
             d["proctime"] = self.proctime
+        if self.replaces is not None:
+            d["replaces"] = self.replaces
+        if self.history:
+            d["history"] = [{"until": until, "columns": [c.to_json() for c in columns],
+                             "sql": sql} for until, columns, sql in self.history]
         return d
 
     @staticmethod
@@ -95,7 +114,9 @@ class Relation:
             dir=row.dir, row_count=row.row_count, ready_epoch=row.ready_epoch, sql=d.get("sql"),
             plan=None if d.get("plan") is None else MvPlan.from_json(d["plan"]),
             options=None if d.get("options") is None else BackfillOptions.from_json(d["options"]),
-            owner=d.get("owner"), proctime=d.get("proctime"),
+            owner=d.get("owner"), proctime=d.get("proctime"), replaces=d.get("replaces"),
+            history=tuple((int(h["until"]), tuple(Column.from_json(c) for c in h["columns"]),
+                           h.get("sql")) for h in d.get("history", ())),
         )
 
     def to_row(self) -> RelationRow:
@@ -111,6 +132,12 @@ class Catalog:
 
     def reload(self) -> None:
         self._by_name = {r.name.lower(): Relation.from_row(r) for r in self.meta.relations()}
+
+    def substitute(self, rel: Relation) -> None:
+        """Hold ``rel`` in place of the relation of its name until the next
+        ``reload``: an epoch's later relations see an MV it switched (``CREATE OR
+        REPLACE``) as switched, before the commit writes it."""
+        self._by_name[rel.name.lower()] = rel
 
     def get(self, name: str) -> Relation:
         rel = self._by_name.get(name.lower())
@@ -133,17 +160,59 @@ class Catalog:
         return self._by_name.get(name.lower())
 
     def all(self) -> list[Relation]:
-        """Every relation in topological (id) order."""
-        return sorted(self._by_name.values(), key=lambda r: r.id)
+        """Every relation in topological order: each after the relations it reads, an
+        MV after its replacement (which it switches to); otherwise by id."""
+        by_id = sorted(self._by_name.values(), key=lambda r: r.id)
+        before: dict[int, set[int]] = {r.id: set() for r in by_id}
+        for r in by_id:
+            for u in r.upstreams:
+                if (up := self._by_name.get(u.lower())) is not None:
+                    before[r.id].add(up.id)
+            if r.replaces is not None and r.replaces in before:
+                before[r.replaces].add(r.id)
+        if all(not deps or max(deps) < rid for rid, deps in before.items()):
+            return by_id  # ids already follow the edges (no replacement reorders them)
+        done: set[int] = set()
+        order: list[Relation] = []
+        left = list(by_id)
+        while left:
+            ready = next((r for r in left if before[r.id] <= done), left[0])
+            order.append(ready)
+            done.add(ready.id)
+            left.remove(ready)
+        return order
+
+    def replacement_of(self, mv: Relation) -> Relation | None:
+        """The replacement being built for ``mv`` (``CREATE OR REPLACE``), if any."""
+        return next((r for r in self._by_name.values() if r.replaces == mv.id), None)
 
     def dependents(self, name: str) -> list[Relation]:
-        """The MVs that read ``name`` (a join-chain link as the user's MV that owns it)."""
+        """The MVs that read ``name`` (a join-chain link, or a replacement, as the
+        user's MV it is for)."""
         found: dict[int, Relation] = {}
         for r in self.all():
             if any(u.lower() == name.lower() for u in r.upstreams):
-                user = self.get_by_id(r.owner) if r.owner is not None else r
+                user = self.user_mv(r)
                 found.setdefault(user.id, user)
         return list(found.values())
+
+    def downstream_of(self, rel: Relation) -> list[Relation]:
+        """Every user MV that reads ``rel``, directly or through other MVs."""
+        found: dict[int, Relation] = {}
+        todo = [rel.name]
+        while todo:
+            for dep in self.dependents(todo.pop()):
+                if dep.id not in found and dep.id != rel.id:
+                    found[dep.id] = dep
+                    todo.append(dep.name)
+        return list(found.values())
+
+    def user_mv(self, rel: Relation) -> Relation:
+        """The user's MV that ``rel`` belongs to: itself, the owner of a join-chain
+        link, or the MV a replacement is for (a replacement's link: that MV too)."""
+        while rel.owner is not None or rel.replaces is not None:
+            rel = self.get_by_id(rel.owner if rel.owner is not None else rel.replaces)  # type: ignore[arg-type]
+        return rel
 
     def internals_of(self, mv: Relation) -> list[Relation]:
         """The links of an MV's join chain (internal MVs it owns), upstream first."""

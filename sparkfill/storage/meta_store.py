@@ -195,6 +195,11 @@ class EpochCommit:
     #: the epoch's processing time (microseconds since the Unix epoch): the value of
     #: the processing-time columns of the rows it wrote; the next epoch's is later
     proctime_us: int | None = None
+    #: relations whose definition the epoch changes (an MV switched to its
+    #: replacement, its new state tables and links) and relations it drops (the
+    #: replaced definition's state tables and links, the replacement)
+    definitions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dropped: list[int] = field(default_factory=list)
 
 
 class MetaStore:
@@ -479,6 +484,10 @@ class MetaStore:
             for rel_id in c.created:
                 conn.execute("UPDATE relations SET state = 'created', ready_epoch = ? WHERE id = ?",
                              (c.epoch, rel_id))
+            for rel_id in c.dropped:
+                self.drop_relation(conn, rel_id)
+            for rel_id, definition in c.definitions.items():
+                self.update_definition(conn, rel_id, definition)
             conn.execute("DELETE FROM dml_batches WHERE seq <= ?", (c.applied_dml_upto,))
             conn.execute("DELETE FROM pending_epoch")
             conn.execute("INSERT INTO epochs(epoch, seconds, finished_at) VALUES (?, ?, ?) "

@@ -162,10 +162,15 @@ class _FilesReader(DataSourceReader):  # type: ignore[misc]
         target = to_arrow_schema(self.schema)
         fs, path = filesystem_for(partition.value, self.storage)
         with fs.open_input_file(path) as fh:
-            for batch in pq.ParquetFile(fh).iter_batches(columns=self.columns):
+            parquet = pq.ParquetFile(fh)
+            # a column the file lacks (added to its relation after it was written) is NULL
+            held = set(parquet.schema_arrow.names)
+            present = [c for c in self.columns if c in held]
+            for batch in parquet.iter_batches(columns=present):
                 if batch.schema != target:
                     batch = pa.RecordBatch.from_arrays(
-                        [batch.column(i).cast(f.type) for i, f in enumerate(target)],
+                        [batch.column(f.name).cast(f.type) if f.name in held
+                         else pa.nulls(batch.num_rows, f.type) for f in target],
                         schema=target)
                 yield batch
 

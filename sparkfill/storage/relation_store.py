@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -307,6 +308,18 @@ class RelationStore:
         self.warehouse.rmtree(path)
         self.warehouse.create_delta(path, physical_arrow_schema(columns))
         return 0
+
+    def add_columns(self, rel: StoredRelation) -> None:
+        """Add to ``rel``'s Delta table the columns of ``rel`` it lacks (an MV switched
+        to a new definition; a no-op once added). Files written before hold no such
+        column: read in ``rel``'s columns, it is NULL there."""
+        dt = self._table(rel)
+        have = {f.name.lower() for f in dt.schema().fields}
+        new = [DeltaField.from_arrow(f) for f in physical_arrow_schema(rel.columns)
+               if f.name.lower() not in have]
+        if new:
+            dt.alter.add_columns(new)
+            dt.update_incremental()
 
     def delete(self, dir_: str) -> None:
         self._latest.pop(dir_, None)
