@@ -51,7 +51,7 @@ from .options import (
     sample_fraction,
 )
 from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
-from .pipelines.replace import check_replacement
+from .pipelines.replace import check_replacement, check_swap
 from .progress import EpochReport
 from .session import build_spark_session
 from .sinks import SinkManager
@@ -72,6 +72,7 @@ from .sql.frontend import (
     RecomputeMaterializedView,
     SetOption,
     Show,
+    SwapMaterializedViews,
     Update,
     Verify,
     parse_statement,
@@ -450,6 +451,7 @@ class Engine:
             Query: self._query,
             AlterMaterializedView: self._alter_mv,
             RecomputeMaterializedView: self._recompute_mv,
+            SwapMaterializedViews: self._swap_mvs,
             CancelJobs: self._cancel_jobs,
             Explain: self._explain,
             ExplainExisting: self._explain,
@@ -545,8 +547,25 @@ class Engine:
         options = resolve_options(self._session_options, cmd.options)
         links, planned = self._plan_mv(cmd, cmd.name, options, self._columns_of,
                                        self._leaf_info)
-        self._start_mv(cmd, cmd.name, options, links, planned)
+        prefix = cmd.name
+        if any(self.catalog.find(n) is not None
+               for n in self._internal_names(cmd.name, links, planned)):
+            # a name an MV's internal relations took in a SWAP WITH: these go apart
+            prefix = f"{cmd.name}_{self.meta.next_relation_id()}"
+            links, planned = self._plan_mv(cmd, prefix, options, self._columns_of,
+                                           self._leaf_info)
+        self._start_mv(cmd, cmd.name, options, links, planned, prefix=prefix)
         return None
+
+    @staticmethod
+    def _internal_names(prefix: str, links: list[tuple[Any, PlannedMv]],
+                        planned: PlannedMv) -> list[str]:
+        """The names of an MV's join-chain links and state tables, planned under
+        ``prefix``."""
+        names = [lk.name for lk, _ in links]
+        for rel_name, p in [*[(lk.name, lp) for lk, lp in links], (prefix, planned)]:
+            names += [f"__sf_{rel_name.removeprefix('__sf_')}_{d.role}" for d in p.states]
+        return names
 
     def _plan_mv(self, cmd: CreateMaterializedView, name: str, options: BackfillOptions,
                  columns_of: Callable[[str], list[str] | None],
@@ -565,9 +584,10 @@ class Engine:
 
     def _start_mv(self, cmd: CreateMaterializedView, name: str, options: BackfillOptions,
                   links: list[tuple[Any, PlannedMv]], planned: PlannedMv,
-                  replaces: int | None = None) -> None:
-        """Create the MV ``name`` (with its links and state tables) in one meta-store
-        transaction, as a creating job; ``replaces``: the MV it is a replacement for."""
+                  replaces: int | None = None, prefix: str | None = None) -> None:
+        """Create the MV ``name`` (with its links and state tables, named after
+        ``prefix``, by default ``name``) in one meta-store transaction, as a creating
+        job; ``replaces``: the MV it is a replacement for."""
         first_id = self.meta.next_relation_id()
         owner_id = first_id + sum(1 + len(lp.states) for _, lp in links)
         epoch = self.meta.committed_epoch
@@ -576,9 +596,10 @@ class Engine:
         for link, sql in [*[(lp, lk.query.sql(dialect="spark")) for lk, lp in links],
                           (planned, cmd.query_sql)]:
             rel_name = name if link is planned else links[len(groups)][0].name
+            internal = (prefix or name) if link is planned else rel_name
             rel_id = next_id
             states = [Relation(
-                id=rel_id + 1 + i, name=f"__sf_{rel_name.removeprefix('__sf_')}_{d.role}",
+                id=rel_id + 1 + i, name=f"__sf_{internal.removeprefix('__sf_')}_{d.role}",
                 kind="state", columns=d.columns, key=d.key, state="created",
                 created_epoch=epoch, dir=f"{rel_id + 1 + i:06d}-{rel_name}-{d.role}",
                 owner=rel_id)
@@ -760,6 +781,19 @@ class Engine:
         ids = [rel.id, *[link.id for link in self.catalog.internals_of(rel)]]
         with self.meta.transaction() as conn:
             self.coordinator.request_recompute(conn, ids)
+        return None
+
+    def _swap_mvs(self, cmd: SwapMaterializedViews) -> None:
+        """``ALTER MATERIALIZED VIEW a SWAP WITH b``: an epoch of its own, where no DML
+        applies and no backfill reads, in which each MV takes the other's definition
+        and, as its change, the difference between the two contents; dependents of
+        each follow the name. Runs at once, as a step does."""
+        self._writable("ALTER MATERIALIZED VIEW ... SWAP WITH")
+        a, b = self.catalog.get(cmd.name), self.catalog.get(cmd.other)
+        check_swap(a, b, self.catalog)
+        self.sinks.sync(self.catalog, self.meta.committed_epoch)
+        report = self.coordinator.swap(a, b)
+        self.sinks.sync(self.catalog, report.epoch)
         return None
 
     def _cancel_jobs(self, cmd: CancelJobs) -> None:

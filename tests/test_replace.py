@@ -203,3 +203,53 @@ def test_a_crash_before_the_switch_commits_reruns_it(spark, tmp_path, monkeypatc
         assert_same_rows(eng.read("m2", as_of=e), _batch(spark, eng, M2_SQL, e, over="m"))
     finally:
         eng.close()
+
+
+def test_swap_exchanges_two_created_mvs_and_their_dependents_follow_the_names(spark, tmp_path):
+    rng = random.Random(21)
+    eng = Engine(tmp_path / "wh", spark=spark)
+    try:
+        eng.sql(create_table_sql("t"))
+        work = Workload(eng, spark, "t", rng, key_space=300)
+        work.initial_load(150)
+        eng.step()
+        blue, green = M_SQL[0], M_SQL[2]
+        eng.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill = 'blocking') AS {blue}")
+        eng.sql(f"CREATE MATERIALIZED VIEW green WITH (backfill = 'blocking') AS {green}")
+        eng.step()
+        eng.sql(f"CREATE MATERIALIZED VIEW m2 WITH (backfill = 'blocking') AS {M2_SQL}")
+        work.random_epoch_dml()
+        before = eng.step().epoch
+        pending = work.eng.meta.staged()  # DML staged before the swap waits for the next
+        work.random_epoch_dml()
+        eng.sql("ALTER MATERIALIZED VIEW m SWAP WITH green")
+        e = eng.committed_epoch
+        assert e == before + 1 and len(eng.meta.staged()) > len(pending)
+        assert eng.relation("m").sql == green and eng.relation("green").sql == blue
+        for name, sql in (("m", green), ("green", blue)):
+            assert_same_rows(eng.read(name, as_of=e), _batch(spark, eng, sql, e))
+            assert_same_rows(eng.read(name, as_of=before),
+                             _batch(spark, eng, blue if name == "m" else green, before))
+        assert_same_rows(eng.read("m2", as_of=e), _batch(spark, eng, M2_SQL, e, over="m"))
+        for _ in range(2):
+            work.random_epoch_dml()
+            e = eng.step().epoch
+            assert_same_rows(eng.read("m", as_of=e), _batch(spark, eng, green, e))
+            assert_same_rows(eng.read("green", as_of=e), _batch(spark, eng, blue, e))
+            assert_same_rows(eng.read("m2", as_of=e), _batch(spark, eng, M2_SQL, e, over="m"))
+        # the names' internal relations went with the definitions: a new MV of a
+        # swapped name gets internal names of its own
+        eng.sql("DROP MATERIALIZED VIEW green")
+        eng.sql(f"CREATE MATERIALIZED VIEW green WITH (backfill = 'blocking') AS {blue}")
+        e = eng.step().epoch
+        assert_same_rows(eng.read("green", as_of=e), _batch(spark, eng, blue, e))
+        for bad, words in [("ALTER MATERIALIZED VIEW m SWAP WITH m2", ["reads 'm'"]),
+                           ("ALTER MATERIALIZED VIEW m SWAP WITH t", ["'t'"]),
+                           ("ALTER MATERIALIZED VIEW m SWAP WITH m", ["twice"])]:
+            meta_before = eng.meta.relations()
+            with pytest.raises(UnsupportedQuery) as info:
+                eng.sql(bad)
+            assert all(w in str(info.value) for w in words), str(info.value)
+            assert eng.meta.relations() == meta_before
+    finally:
+        eng.close()

@@ -64,7 +64,7 @@ from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, 
 from ..storage.schema import VNODE, names_sql
 from .cost import linear_cost
 from .refresh import FULL, RefreshPolicy
-from .replace import Switch, switch_delta, switched
+from .replace import Switch, swapped, switch_delta, switched
 
 __all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
 
@@ -415,6 +415,16 @@ class EpochCoordinator:
         self.meta.begin_epoch(plan["epoch"], plan)
         return self.execute(plan)
 
+    def swap(self, a: Relation, b: Relation) -> EpochReport:
+        """Run the epoch of ``ALTER MATERIALIZED VIEW a SWAP WITH b``: no DML, no
+        backfill chunk, no switch or recompute (those wait for the next epoch); only
+        the two MVs' differences, and what follows from them downstream."""
+        plan = {**self.plan(), "dml_upto": 0, "recompute": [], "switch": {},
+                "swap": [a.id, b.id]}
+        plan["limits"] = dict.fromkeys(plan["limits"], 0)
+        self.meta.begin_epoch(plan["epoch"], plan)
+        return self.execute(plan)
+
     def recover(self) -> EpochReport | None:
         pending = self.meta.pending_epoch()
         if pending is None:
@@ -427,7 +437,7 @@ class EpochCoordinator:
     def execute(self, plan: dict[str, Any]) -> EpochReport:
         started = time.time()
         epoch = int(plan["epoch"])
-        if plan.get("switch"):
+        if plan.get("switch") or plan.get("swap"):
             self.catalog.reload()  # drop what a failed run of a switch held in memory
         if plan.get("proctime_us") is None:  # a plan persisted before processing time
             plan = {**plan, "proctime_us": self.proctime_us(started)}
@@ -459,6 +469,13 @@ class EpochCoordinator:
                      and self.catalog.find_by_id(int(r)) is not None}
         read_now |= {self.catalog.get_by_id(r).name.lower() for r in switching.values()}
         switches: list[Switch] = []
+        #: SWAP WITH: each MV as it is once it took the other's definition, from the
+        #: catalog before either changes
+        swapping: dict[int, tuple[Relation, Switch, Relation]] = {}
+        if plan.get("swap"):
+            one, two = (self.catalog.get_by_id(int(i)) for i in plan["swap"])
+            for mv, other in ((one, two), (two, one)):
+                swapping[mv.id] = (*swapped(self.catalog, mv, other, epoch), other)
         for rel in self.catalog.all():
             if rel.kind == "state":
                 continue  # computed with its MV
@@ -476,6 +493,19 @@ class EpochCoordinator:
                     created.append(rel.id)
                 out, hint = step.result, step.rows_hint
                 scans: list[ScanResult] = []
+            elif rel.id in swapping:
+                new, switch, other = swapping[rel.id]
+                self.store.add_columns(new.stored)
+                rows = self.store.snapshot(other.stored, epoch - 1, bulk=True)
+                with self.store.reading_for(rel.name):
+                    delta = switch_delta(self.store, rel, new, rows, epoch)
+                rel, hint, scans = new, rel.row_count + other.row_count, []
+                out = DataflowResult(delta, recomputed=True)
+                switches.append(switch)
+                self.catalog.substitute(rel)  # its dependents read it swapped
+                choices[rel.id] = _Choice(RefreshChoice(
+                    FULL, "SWAP WITH: took the other's query (the change is the "
+                    "difference of the two contents)"), hint, hint)
             elif rel.id in switching:
                 rel, switch, out, hint = self._switch(rel, switching[rel.id], appends, epoch)
                 switches.append(switch)
@@ -507,7 +537,7 @@ class EpochCoordinator:
                         appends.append(rel, out.delta, hint, out.tag, out.placed)
             if scans:
                 own_seconds[rel.id] = time.time() - began
-            if rel.id in choices and rel.id not in switching:
+            if rel.id in choices and rel.id not in switching and rel.id not in swapping:
                 took = choices[rel.id]
                 self.refresh.record(rel.id, took.choice.mode, took.changed_rows, took.leaf_rows,
                                     time.time() - began)

@@ -39,7 +39,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.relation_store import RelationStore
 from ..storage.schema import Column, quoted
 
-__all__ = ["Switch", "check_replacement", "switch_delta", "switched"]
+__all__ = ["Switch", "check_replacement", "check_swap", "swapped", "switch_delta", "switched"]
 
 #: plans a dependent MV again, given the replaced MV's new LeafInfo (raises where
 #: it fails); returns the dependent's columns
@@ -131,3 +131,57 @@ def switched(catalog: Catalog, mv: Relation, rep: Relation, epoch: int) -> tuple
     dropped = [*[st for m in (mv, *old_links) for st in catalog.states_of(m)], *old_links,
                rep]
     return new, Switch(definitions, dropped)
+
+
+def check_swap(a: Relation, b: Relation, catalog: Catalog) -> None:
+    """Refuse ``ALTER MATERIALIZED VIEW a SWAP WITH b`` unless both are the user's
+    created MVs with the same visible columns, neither reads the other, and neither
+    has a replacement being built."""
+    for mv in (a, b):
+        if mv.kind != "mv" or mv.internal:
+            raise UnsupportedQuery(f"{mv.name!r} is not a materialized view: SWAP WITH "
+                                   "exchanges two materialized views")
+        if mv.state != "created":
+            raise UnsupportedQuery(f"materialized view {mv.name!r} is still being created; "
+                                   "SWAP WITH exchanges two created materialized views")
+        if catalog.replacement_of(mv) is not None:
+            raise UnsupportedQuery(f"materialized view {mv.name!r} has a replacement being "
+                                   f"built (CREATE OR REPLACE); CANCEL JOBS {mv.name} first")
+    if a.id == b.id:
+        raise UnsupportedQuery(f"SWAP WITH needs two materialized views; {a.name!r} is named "
+                               "twice")
+    for x, y in ((a, b), (b, a)):
+        if any(d.id == y.id for d in catalog.downstream_of(x)):
+            raise UnsupportedQuery(f"materialized view {y.name!r} reads {x.name!r}: after a "
+                                   "swap it would read itself")
+    cols_a = [(c.name.lower(), c.type) for c in a.visible_columns]
+    cols_b = [(c.name.lower(), c.type) for c in b.visible_columns]
+    if cols_a != cols_b:
+        raise UnsupportedQuery(
+            f"SWAP WITH needs the same columns: {a.name!r} has "
+            f"({', '.join(f'{n} {t}' for n, t in cols_a)}), {b.name!r} has "
+            f"({', '.join(f'{n} {t}' for n, t in cols_b)})")
+    if [k.lower() for k in a.key] != [k.lower() for k in b.key]:
+        raise UnsupportedQuery(f"SWAP WITH needs the same key: {a.name!r} is keyed by "
+                               f"({', '.join(a.key)}), {b.name!r} by ({', '.join(b.key)})")
+    hidden = {c.name.lower(): c.type for c in a.columns}
+    for c in b.columns:
+        if hidden.get(c.name.lower(), c.type) != c.type:
+            raise UnsupportedQuery(
+                f"{a.name!r} and {b.name!r} keep internal column {c.name!r} in different "
+                "types; they cannot exchange their storage")
+
+
+def swapped(catalog: Catalog, mv: Relation, other: Relation, epoch: int,
+            ) -> tuple[Relation, Switch]:
+    """``mv`` as it is once it took ``other``'s definition at ``epoch`` (``SWAP
+    WITH``: its storage and identity kept, the old definition in its history), and
+    what the commit writes for it: ``other``'s state tables and links become its."""
+    new = replace(other, id=mv.id, name=mv.name, dir=mv.dir, state="created",
+                  created_epoch=mv.created_epoch, row_count=mv.row_count,
+                  ready_epoch=mv.ready_epoch, replaces=None,
+                  history=(*mv.history, (epoch - 1, mv.columns, mv.sql)))
+    definitions = {mv.id: new.definition()}
+    for r in [*catalog.states_of(other), *catalog.internals_of(other)]:
+        definitions[r.id] = replace(r, owner=mv.id).definition()
+    return new, Switch(definitions, [])
