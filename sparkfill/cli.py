@@ -28,6 +28,7 @@ from rich.table import Table
 
 from .errors import SparkfillError
 from .storage.warehouse import Warehouse
+from .ui.facts import status_facts
 
 __all__ = ["main", "status_facts"]
 
@@ -50,17 +51,10 @@ def _warehouse(text: str) -> Warehouse:
 
 
 def _open_meta(warehouse: Warehouse, meta_url: str | None) -> Any:
-    """The warehouse's meta store, opened read-only (no writer lock); raises
-    ``SparkfillError`` for a folder that is not a warehouse or a wrong ``meta_url``."""
-    from .storage.meta_store import MetaStore, check_meta, open_postgres
+    """The warehouse's meta store, opened read-only (no writer lock)."""
+    from .ui.facts import open_meta
 
-    url = check_meta(warehouse, meta_url)
-    if url is not None:
-        target, _ = open_postgres(warehouse, url, read_only=True)
-        return MetaStore(target, read_only=True)
-    if warehouse.local_path is None or not (warehouse.local_path / "meta.sqlite").is_file():
-        raise SparkfillError(f"{warehouse} is not a sparkfill warehouse")
-    return MetaStore(warehouse.local_path / "meta.sqlite", read_only=True)
+    return open_meta(warehouse, meta_url)
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
@@ -81,56 +75,6 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     else:
         _print_status(facts, console)
     return 0
-
-
-def status_facts(meta: Any, warehouse: Warehouse) -> dict[str, Any]:
-    """What ``status`` shows, as JSON-ready facts read from the meta store only:
-    the committed epoch; each relation (kind, strategy, state, rows; an MV's
-    backfilled rows and vnodes done); each source (connector, last epoch, batches,
-    position, rows, dead letters); each sink (its MV, connector, path, epoch
-    written)."""
-    relations: list[dict[str, Any]] = []
-    names: dict[int, str] = {}
-    for rel in meta.relations():
-        names[rel.id] = rel.name
-        options = rel.definition.get("options") or {}
-        progress = meta.progress(rel.id)
-        state = rel.state
-        vnodes: int | None = None
-        backfilled: int | None = None
-        if rel.kind == "mv":
-            backfilled = sum(p.rows for p in progress)
-            vnodes = sum(1 for p in progress if p.state == "done" and p.vnode >= 0)
-            if state == "creating":
-                state = "paused" if options.get("rate_limit") == 0 else "backfilling"
-                if options.get("strategy") != "arrangement":
-                    vnodes = 0
-            else:
-                vnodes = 256
-        relations.append({"name": rel.name, "kind": rel.kind,
-                          "strategy": options.get("strategy"), "state": state,
-                          "rows": rel.row_count, "backfilled_rows": backfilled,
-                          "vnodes_done": vnodes})
-    sources = [{"name": names.get(src.rel_id, str(src.rel_id)), "connector": src.connector,
-                "last_epoch": src.epoch, "batches": src.batch, "position": src.position,
-                "rows": src.total_rows,
-                "dead_letters": src.total_dead_letters if src.dead_letter_id is not None
-                else None}
-               for src in meta.sources()]
-    sinks: list[dict[str, Any]] = []
-    if registered := meta.sinks():
-        from .sinks import synced_epoch
-
-        sinks = [{"name": sink.name, "from": names.get(sink.rel_id, str(sink.rel_id)),
-                  "connector": sink.connector, "path": sink.path,
-                  "epoch_written": synced_epoch(sink.path, sink.id)}
-                 for sink in registered]
-    # the last periodic sampled VERIFY of each MV (``SET verify_every = N``)
-    verified = json.loads(meta.get("verify_last") or "{}")
-    return {"warehouse": str(warehouse), "committed_epoch": meta.committed_epoch,
-            "relations": relations, "sources": sources, "sinks": sinks,
-            "verified": [{"name": name, **found} for name, found in sorted(verified.items())
-                         if name in names.values()]}
 
 
 def _print_status(facts: dict[str, Any], console: Console) -> None:
