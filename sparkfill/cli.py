@@ -1,7 +1,8 @@
-"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` (``--json``) and ``demo``.
+"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` (``--json``), ``ui`` and
+``demo``.
 
-Invariant: ``status`` only reads (the meta store, opened read-only, without the
-writer lock), so it is safe beside a running engine; ``run`` and ``sql`` open
+Invariant: ``status`` and ``ui`` only read (the meta store, opened read-only, without
+the writer lock; never Spark), so they are safe beside a running engine; ``run`` and ``sql`` open
 the warehouse as its writer. ``run`` checks the whole file (parsed, then every
 statement planned against the catalog it would build) before the first statement
 runs, and a re-run of the same file resumes after the last statement that ran.
@@ -50,6 +51,17 @@ def _warehouse(text: str) -> Warehouse:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _port(text: str) -> int:
+    """A TCP port number (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
+    return port
+
+
 def _open_meta(warehouse: Warehouse, meta_url: str | None) -> Any:
     """The warehouse's meta store, opened read-only (no writer lock)."""
     from .ui.facts import open_meta
@@ -74,6 +86,26 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(facts, indent=2))
     else:
         _print_status(facts, console)
+    return 0
+
+
+def _ui(args: argparse.Namespace, console: Console) -> int:
+    from .ui.server import UiServer
+
+    try:
+        server = UiServer(args.warehouse, _meta_of(args), host=args.host, port=args.port)
+    except SparkfillError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    console.print(f"sparkfill ui: [bold]{server.url}[/bold] — warehouse {args.warehouse} "
+                  "(read-only; Ctrl-C stops)", highlight=False, soft_wrap=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]note:[/yellow] listening on {args.host}: anyone who can reach "
+                      "it sees the warehouse's names, counts and warnings", highlight=False)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -359,7 +391,19 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object (for scripts and "
                              "monitoring)")
-    for command in (run, sql, status):
+    ui = sub.add_parser("ui", help="serve a live web page of a warehouse (read-only)",
+                        description="Serve a live web page of the warehouse: its dataflow "
+                                    "graph, each creating job's progress, the epoch timeline, "
+                                    "warnings and errors; plus /api/status (the facts of "
+                                    "'status --json'), /api/watch and /metrics (Prometheus). "
+                                    "Read-only: safe beside a running pipeline; never starts "
+                                    "Spark.")
+    ui.add_argument("warehouse", type=_warehouse, metavar="DIR")
+    ui.add_argument("--port", type=_port, default=8765, metavar="P",
+                    help="the port to listen on (default 8765; 0: any free port)")
+    ui.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                    help="the address to listen on (default 127.0.0.1: this machine only)")
+    for command in (run, sql, status, ui):
         command.add_argument("--meta", metavar="URL", default=None,
                              help="the warehouse's PostgreSQL meta store (default: the URL "
                                   "the warehouse records, else its meta.sqlite)")
@@ -388,6 +432,8 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
         return demo_main(extra)
     if args.command == "status":
         return _status(args, console)
+    if args.command == "ui":
+        return _ui(args, console)
     if args.command == "sql":
         return _sql(args, console, spark)
     if args.epochs is not None and args.epochs < 0:
