@@ -349,8 +349,8 @@ def _timeline(catalog: Catalog, epochs: Sequence[EpochRow], limit: int) -> dict[
         if mv.kind != "mv" or mv.internal:
             continue
         start, end = mv.created_epoch + 1, mv.ready_epoch
-        if (end if end is not None else start) < first:
-            continue
+        if end is not None and end < first:
+            continue  # a backfill that ended before the epochs shown
         backfills.append({"name": mv.name, "start_epoch": start, "end_epoch": end})
     return {
         "epoch": [e.epoch for e in rows],

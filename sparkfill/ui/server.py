@@ -3,7 +3,9 @@
 Invariant: the server only reads (see ``sparkfill.ui``): one meta-store connection
 opened read-only, without the writer lock, used by one request at a time, and
 reopened after an error (a PostgreSQL server restarted, a warehouse copied over).
-It never starts Spark. It listens on loopback unless told otherwise.
+A SQLite meta store replaced under it (``make demo`` starts again with a new
+warehouse) is reopened too. It never starts Spark. It listens on loopback unless
+told otherwise.
 
 Routes: ``/`` the page (``static/index.html``, which polls ``/api/watch``),
 ``/static/...`` its script, style and the vendored uPlot, ``/api/status`` the facts
@@ -15,6 +17,7 @@ Prometheus text format. A read that fails answers 503 with ``{"error": ...}``.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from pathlib import Path
@@ -42,17 +45,33 @@ class FactsReader:
         self.meta_url = meta_url
         self.sizes = SizeCache(warehouse)
         self._meta: Any = None
+        #: the SQLite file the meta store was opened from: (device, inode)
+        self._file: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     def check(self) -> None:
-        """Open the meta store now: raises ``SparkfillError`` for a folder that is not
-        a warehouse, a wrong ``meta_url`` or an unreachable PostgreSQL server."""
-        with self._lock:
-            self._open()
+        """Open the meta store and read the facts once now (the first page then finds
+        the code loaded and sizes read): raises ``SparkfillError`` for a folder that is
+        not a warehouse, a wrong ``meta_url`` or an unreachable PostgreSQL server."""
+        self.watch()
+
+    def _sqlite_file(self) -> tuple[int, int] | None:
+        local = self.warehouse.local_path
+        if self.meta_url is not None or local is None:
+            return None
+        try:
+            st = os.stat(local / "meta.sqlite")
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     def _open(self) -> Any:
+        found = self._sqlite_file()
+        if self._meta is not None and found != self._file:
+            self._close()  # the warehouse was removed or made anew: read the new one
         if self._meta is None:
             self._meta = open_meta(self.warehouse, self.meta_url)
+            self._file = found
         return self._meta
 
     def _read(self, build: Any) -> dict[str, Any]:

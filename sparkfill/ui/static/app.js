@@ -49,9 +49,10 @@
     const s = f.status;
     document.getElementById("warehouse").textContent = s.warehouse;
     document.getElementById("epoch").textContent = "epoch " + s.committed_epoch;
-    const ago = f.last_commit_at == null ? "" : "committed " + secs(f.now - f.last_commit_at) + " ago";
+    const ago = f.last_commit_at == null ? "no epoch committed yet"
+      : "committed " + secs(Math.max(0, f.now - f.last_commit_at)) + " ago";
     const inflight = f.pending && f.pending.planned_at
-      ? " · epoch " + f.pending.epoch + " running for " + secs(f.now - f.pending.planned_at) : "";
+      ? " · epoch " + f.pending.epoch + " running for " + secs(Math.max(0, f.now - f.pending.planned_at)) : "";
     document.getElementById("inflight").textContent = ago + inflight;
   }
 
@@ -90,7 +91,8 @@
       const fact = (label, value) => el("span", {}, label + " ", el("b", {}, value));
       const facts = el("div", { class: "facts" },
         fact("rows", int(j.rows_done) + " / " + int(j.rows_total_estimate)),
-        fact("rate", int(j.rows_per_second) + " rows/s"),
+        // one epoch recorded: no rate yet
+        fact("rate", j.rows_per_second > 0 || j.stalled ? int(j.rows_per_second) + " rows/s" : "measuring…"),
         fact("ETA", j.eta_seconds == null ? "–" : secs(j.eta_seconds)),
         fact("rate limit", j.rate_limit == null ? "none" : int(j.rate_limit) + " rows/s"),
         fact("running", secs(j.running_seconds)),
@@ -106,7 +108,7 @@
   // --- the dataflow graph -------------------------------------------------------------------
   function renderDag(f) {
     const { nodes, edges } = f.dag;
-    const W = 190, H = 58, GX = 70, GY = 16;
+    const W = 220, H = 58, GX = 60, GY = 16;
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const preds = new Map(nodes.map((n) => [n.id, []]));
     for (const e of edges) preds.get(e.to).push(e.from);
