@@ -41,6 +41,7 @@ from sparkfill.storage.meta_store import (
     ProgressRow,
     SinkRow,
     SourceRow,
+    open_postgres,
 )
 from sparkfill.storage.schema import Column, physical_arrow_schema
 from sparkfill.storage.warehouse import Warehouse
@@ -65,14 +66,21 @@ def _relation(rel_id: int, name: str, kind: str, epoch: int, upstream: str | Non
 
 
 def build_meta(path: Path, mvs: int = 50, epochs: int = 10_000, creating: int = 2,
-               seed: int = 0, retain: int = 200) -> dict[str, Any]:
-    """A synthetic warehouse at ``path`` (see the module's docstring); returns what
-    it holds: the names of its relations, its creating MVs, its sink and source."""
+               seed: int = 0, retain: int = 200, meta_url: str | None = None,
+               ) -> dict[str, Any]:
+    """A synthetic warehouse at ``path`` (see the module's docstring), its meta store
+    SQLite or, with ``meta_url``, PostgreSQL; returns what it holds: the names of its
+    relations, its creating MVs, its sink and source."""
     rng = random.Random(seed)
     wh = Warehouse(path)
     wh.makedirs(wh.uri)
-    meta = MetaStore(path / "meta.sqlite")
-    meta._conn.execute("PRAGMA synchronous=OFF")  # a synthetic store: no need to sync
+    lock = None
+    if meta_url is None:
+        meta = MetaStore(path / "meta.sqlite")
+        meta._conn.execute("PRAGMA synchronous=OFF")  # a synthetic store: no need to sync
+    else:
+        target, lock = open_postgres(wh, meta_url, read_only=False)
+        meta = MetaStore(target)
     rels: list[Relation] = [_relation(1, "orders", "table", 0, rows=1_000_000),
                             _relation(2, "customers", "table", 0, rows=50_000)]
     first_creating = mvs - creating
@@ -125,6 +133,8 @@ def build_meta(path: Path, mvs: int = 50, epochs: int = 10_000, creating: int = 
         meta.put(conn, "verify_last", json.dumps(
             {"mv_001": {"epoch": epochs - 3, "sample": 0.1, "differences": 2}}))
     meta.close()
+    if lock is not None:
+        lock.release()
     return {"relations": [r.name for r in rels],
             "creating": [r.name for r in rels if r.state == "creating"],
             "sink": "mv_000_sink", "source": "orders"}

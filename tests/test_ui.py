@@ -229,6 +229,40 @@ def test_ui_command_errors_and_an_older_meta_store(tmp_path, capsys):
     server.close()
 
 
+def test_postgres_meta_store_beside_its_writer(tmp_path, pg_url):
+    """A warehouse whose meta store is PostgreSQL: the server reads it (through the URL
+    the warehouse records, or ``--meta``) while a writer holds the warehouse's lock,
+    and sees each epoch the writer commits."""
+    from sparkfill.storage.meta_store import EpochCommit, open_postgres
+
+    wh = tmp_path / "pgwh"
+    built = build_meta(wh, mvs=4, epochs=40, creating=1, meta_url=pg_url)
+    target, lock = open_postgres(Warehouse(wh), pg_url, read_only=False)  # the writer's lock
+    writer = MetaStore(target)
+    server = UiServer(Warehouse(wh), meta_url=pg_url, port=0)
+    url = server.start()
+    try:
+        facts = json.loads(_get(url + "api/watch")[2])
+        assert facts["status"]["committed_epoch"] == 40
+        assert {n["id"] for n in facts["dag"]["nodes"]} >= {f"rel:{n}" for n in
+                                                             built["relations"]}
+        (job,) = facts["status"]["jobs"]
+        assert job["name"] == built["creating"][0] and job["rows_per_second"] > 0
+        writer.commit_epoch(EpochCommit(41, 0.5, time.time(), {}, {}, [], [], 0,
+                                        backfill_seconds=0.0, changes=1, spark_jobs=1))
+        facts = json.loads(_get(url + "api/watch")[2])
+        assert facts["status"]["committed_epoch"] == 41
+        assert facts["timeline"]["epoch"][-1] == 41
+        assert _metrics(_get(url + "metrics")[2])["sparkfill_committed_epoch"] == 41
+    finally:
+        server.stop()
+        writer.close()
+        lock.release()
+    # the command line refuses a --meta other than the one the warehouse records
+    assert main(["ui", str(wh), "--meta", "postgresql://nobody@127.0.0.1:1/none",
+                 "--port", "0"]) == 2
+
+
 def test_page_follows_an_mv_created_online(spark, tmp_path, browser):
     """The page in headless Chromium beside a writer creating an MV online (rate
     limited, so it takes several epochs): the graph, the job's percent rising
