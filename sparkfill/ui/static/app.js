@@ -108,7 +108,7 @@
   // --- the dataflow graph -------------------------------------------------------------------
   function renderDag(f) {
     const { nodes, edges } = f.dag;
-    const W = 220, H = 58, GX = 60, GY = 16;
+    const W = 220, H = 64, GX = 60, GY = 16;
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const preds = new Map(nodes.map((n) => [n.id, []]));
     for (const e of edges) preds.get(e.to).push(e.from);
@@ -154,18 +154,19 @@
       const g = svg("g", { class: "node", "data-id": n.id, "data-kind": n.kind, "data-state": n.state,
         transform: `translate(${p.x},${p.y})` });
       g.append(svg("rect", { width: W, height: H, rx: 6 }));
-      if (n.percent != null) g.append(svg("rect", { class: "fill", width: W * n.percent / 100, height: H, rx: 6 }));
+      // a creating MV's progress: a bar along the node's bottom edge
+      if (n.percent != null) g.append(svg("rect", { class: "fill", x: 3, y: H - 6, width: (W - 6) * n.percent / 100, height: 3 }));
       const kind = n.kind === "mv" ? "MV" : n.kind;
       const what = [kind + (n.strategy ? " · " + n.strategy : "")];
       if (n.kind !== "table" || n.state !== "created") what.push(n.state + (n.percent != null ? " " + n.percent.toFixed(0) + "%" : ""));
       g.append(svg("text", { class: "name", x: 8, y: 17 }, n.name));
-      g.append(svg("text", { class: "sub", x: 8, y: 33 }, what.join(" · ")));
+      g.append(svg("text", { class: "sub", x: 8, y: 34 }, what.join(" · ")));
       const facts = [];
       if (n.rows != null) facts.push(int(n.rows) + " rows");
       if (n.kind === "table" || n.kind === "mv") facts.push(bytes(n.bytes));
       if (n.last_epoch != null) facts.push("e" + n.last_epoch);
       if (n.dead_letters) facts.push(int(n.dead_letters) + " dead");
-      g.append(svg("text", { class: "sub", x: 8, y: 49 }, facts.join(" · ")));
+      g.append(svg("text", { class: "sub", x: 8, y: 51 }, facts.join(" · ")));
       g.append(svg("title", {}, `${n.name} (${kind}, ${n.state})`));
       root.append(g);
     }
@@ -235,7 +236,7 @@
     state.charts.seconds = new uPlot({
       width: chartWidth(), height: 240, cursor: { sync: { key: "epochs" } },
       scales: { x, s: { range: (u, min, max) => [0, Math.max(max, 0.001) * 1.1] } },
-      axes: [xAxis, { scale: "s", label: "seconds", values: (u, vals) => vals.map((v) => v + " s") }],
+      axes: [xAxis, { scale: "s", label: "seconds", size: 70, values: (u, vals) => vals.map((v) => v + " s") }],
       series: [
         { label: "epoch" },
         { label: "commit & after", scale: "s", stroke: COLORS.commit, fill: COLORS.commit, paths: bars, points: { show: false }, value: part("commit") },
@@ -248,7 +249,7 @@
       width: chartWidth(), height: 170, cursor: { sync: { key: "epochs" } },
       scales: { x, n: { range: (u, min, max) => [0, Math.max(1, max) * 1.1] },
         j: { range: (u, min, max) => [0, Math.max(1, max) * 1.1] } },
-      axes: [xAxis, { scale: "n", label: "rows changed" }, { scale: "j", side: 1, label: "Spark jobs", grid: { show: false } }],
+      axes: [xAxis, { scale: "n", label: "rows changed", size: 70 }, { scale: "j", side: 1, label: "Spark jobs", grid: { show: false } }],
       series: [
         { label: "epoch" },
         { label: "changes (rows)", scale: "n", stroke: COLORS.count, width: 2 },
