@@ -583,7 +583,7 @@ class MetaStore:
             marks = ", ".join("?" for _ in wanted)
             rows = self._conn.execute(f"SELECT * FROM epochs WHERE epoch IN ({marks})",
                                       wanted).fetchall() + rows
-        return sorted((_epoch_row(r) for r in rows), key=lambda r: r.epoch)
+        return sorted(_epoch_rows(rows), key=lambda r: r.epoch)
 
     def last_versions(self) -> dict[int, tuple[int, int]]:
         """Each relation's last recorded (epoch, Delta version): the last epoch that
@@ -636,23 +636,26 @@ def _progress_row(r: Any) -> ProgressRow:
                        r["pinned_epoch"])
 
 
-def _epoch_row(r: Any) -> EpochRow:
-    """An ``epochs`` row read with ``SELECT *`` (a column an older meta store lacks
-    reads as None)."""
-    names = set(r.keys())
-
-    def get(name: str) -> Any:
-        return r[name] if name in names else None
-
-    jobs, warnings = get("jobs"), get("warnings")
-    return EpochRow(
-        int(r["epoch"]), float(r["seconds"]), float(r["finished_at"]),
-        None if get("backfill_seconds") is None else float(r["backfill_seconds"]),
-        None if get("commit_seconds") is None else float(r["commit_seconds"]),
-        None if get("changes") is None else int(r["changes"]),
-        None if get("spark_jobs") is None else int(r["spark_jobs"]),
-        {} if jobs is None else {int(k): int(v) for k, v in json.loads(jobs).items()},
-        () if warnings is None else tuple(json.loads(warnings)))
+def _epoch_rows(rows: Sequence[Any]) -> list[EpochRow]:
+    """``epochs`` rows read with ``SELECT *`` (a column an older meta store lacks reads
+    as None)."""
+    if not rows:
+        return []
+    names = list(rows[0].keys())
+    out = []
+    for r in rows:
+        d = dict(zip(names, r, strict=True))
+        jobs, warnings, part = d.get("jobs"), d.get("warnings"), d.get("backfill_seconds")
+        commit, changes, spark_jobs = d.get("commit_seconds"), d.get("changes"), \
+            d.get("spark_jobs")
+        out.append(EpochRow(
+            int(d["epoch"]), float(d["seconds"]), float(d["finished_at"]),
+            None if part is None else float(part), None if commit is None else float(commit),
+            None if changes is None else int(changes),
+            None if spark_jobs is None else int(spark_jobs),
+            {} if jobs is None else {int(k): int(v) for k, v in json.loads(jobs).items()},
+            () if warnings is None else tuple(json.loads(warnings))))
+    return out
 
 
 def _add_columns(conn: Any, pg: bool = False) -> None:
