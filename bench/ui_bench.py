@@ -208,14 +208,17 @@ def main() -> int:
     args = parser.parse_args()
     result = run(args.mvs, args.epochs, args.requests)
     worst = max(r["p95"] for r in result["endpoints"].values())
+    import psutil
+
+    memory = psutil.virtual_memory().total / 2**30
     lines = [f"- {dt.date.today().isoformat()}, {platform.node() or 'this machine'}: "
-             f"{os.cpu_count()} cores, Python {platform.python_version()}; "
+             f"{os.cpu_count()} cores, {memory:.0f} GiB, Python {platform.python_version()}; "
              f"{args.mvs} MVs ({result['jobs']} creating), {args.epochs:,} committed epochs "
              f"(built in {result['built_seconds']:.0f}s), {args.requests} requests per "
              f"endpoint while a writer commits an epoch every 100 ms (committed epoch "
              f"{result['committed']:,} at the end; {result['nodes']} graph nodes, "
              f"{result['points']} epochs charted)",
-             f"- first request (cold: sizes read from the Delta logs, imports): "
+             f"- first request after the server started (it read the facts once to start): "
              f"{result['first_ms']:.0f} ms", "",
              "| endpoint | p50 ms | p95 ms | max ms |", "|---|---:|---:|---:|"]
     for name, r in result["endpoints"].items():
