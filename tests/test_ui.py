@@ -258,6 +258,15 @@ def test_postgres_meta_store_beside_its_writer(tmp_path, pg_url):
         server.stop()
         writer.close()
         lock.release()
+    # a writer adds the epochs' newer columns to an older meta store
+    target, lock = open_postgres(Warehouse(wh), pg_url, read_only=False)
+    lock.conn.execute(f'ALTER TABLE "{target.schema}".epochs DROP COLUMN warnings')
+    MetaStore(target).close()
+    columns = [r[0] for r in lock.conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+        "AND table_name = 'epochs'", (target.schema,)).fetchall()]
+    lock.release()
+    assert "warnings" in columns and "jobs" in columns
     # the command line refuses a --meta other than the one the warehouse records
     assert main(["ui", str(wh), "--meta", "postgresql://nobody@127.0.0.1:1/none",
                  "--port", "0"]) == 2
