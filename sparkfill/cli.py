@@ -119,6 +119,16 @@ def _print_status(facts: dict[str, Any], console: Console) -> None:
                       f"{rel['rows']:,}", f"{rel['backfilled_rows']:,}" if is_mv else "",
                       str(rel["vnodes_done"]) if is_mv else "")
     console.print(table)
+    if facts.get("jobs"):
+        out = Table("creating", "strategy", "phase", "done", "rows/s", "ETA", "rate limit")
+        for job in facts["jobs"]:
+            eta = job["eta_seconds"]
+            state = " (stalled)" if job["stalled"] else " (paused)" if job["paused"] else ""
+            out.add_row(job["name"], job["strategy"], job["phase"] + state,
+                        f"{job['percent']:.1f}% of {job['rows_total_estimate']:,}",
+                        f"{job['rows_per_second']:,.0f}", "" if eta is None else f"{eta:,.0f}s",
+                        "" if job["rate_limit"] is None else f"{job['rate_limit']:,}")
+        console.print(out)
     if facts["sources"]:
         out = Table("source", "connector", "last epoch", "batches", "offset", "rows",
                     "dead letters")
