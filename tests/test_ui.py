@@ -304,7 +304,7 @@ def test_page_follows_an_mv_created_online(spark, tmp_path, browser):
         def write() -> None:
             # the page sees the job's first epoch before the second commits
             try:
-                seen.wait(timeout=60)
+                seen.wait(timeout=120)
                 n = 0
                 while not stop.is_set() and n < 20:
                     eng.insert("t", [{"id": 10_000 + n, "g": n % 10, "v": n}])
