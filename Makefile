@@ -1,6 +1,7 @@
 # sparkfill developer entry points.
 #   make demo   - set up .venv, ensure Java 17/21, run the demo
-#   make test   - set up .venv, ensure Java 17/21 and PostgreSQL's server binaries, run pytest
+#   make test   - set up .venv, ensure Java 17/21, PostgreSQL's server binaries and headless
+#                 Chromium with its driver (the UI's browser tests), run pytest
 #                 on two workers (PYTEST_ARGS="-k foo" to filter, WORKERS=0 for one process),
 #                 then the tests marked `connect` again against a Spark Connect server
 #   make lint   - ruff + mypy
@@ -35,6 +36,7 @@ demo: venv
 
 test: venv
 	@bash scripts/ensure_postgres.sh
+	@bash scripts/ensure_chromium.sh
 	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal $(PYTEST_ARGS)
 	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -m connect $(PYTEST_ARGS) \
 		|| test $$? -eq 5  # 5: a -k filter left no test of the subset
@@ -71,7 +73,7 @@ bench-nexmark: venv
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build spark-warehouse metastore_db \
-		derby.log warehouse demo-warehouse
+		derby.log warehouse demo-warehouse test-artifacts
 	rm -f $(STAMP)
 
 distclean: clean

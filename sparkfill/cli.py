@@ -1,7 +1,8 @@
-"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` (``--json``) and ``demo``.
+"""The ``sparkfill`` command line: ``run``, ``sql``, ``status`` (``--json``), ``ui`` and
+``demo``.
 
-Invariant: ``status`` only reads (the meta store, opened read-only, without the
-writer lock), so it is safe beside a running engine; ``run`` and ``sql`` open
+Invariant: ``status`` and ``ui`` only read (the meta store, opened read-only, without
+the writer lock; never Spark), so they are safe beside a running engine; ``run`` and ``sql`` open
 the warehouse as its writer. ``run`` checks the whole file (parsed, then every
 statement planned against the catalog it would build) before the first statement
 runs, and a re-run of the same file resumes after the last statement that ran.
@@ -28,6 +29,7 @@ from rich.table import Table
 
 from .errors import SparkfillError
 from .storage.warehouse import Warehouse
+from .ui.facts import status_facts
 
 __all__ = ["main", "status_facts"]
 
@@ -49,18 +51,22 @@ def _warehouse(text: str) -> Warehouse:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _open_meta(warehouse: Warehouse, meta_url: str | None) -> Any:
-    """The warehouse's meta store, opened read-only (no writer lock); raises
-    ``SparkfillError`` for a folder that is not a warehouse or a wrong ``meta_url``."""
-    from .storage.meta_store import MetaStore, check_meta, open_postgres
+def _port(text: str) -> int:
+    """A TCP port number (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
+    return port
 
-    url = check_meta(warehouse, meta_url)
-    if url is not None:
-        target, _ = open_postgres(warehouse, url, read_only=True)
-        return MetaStore(target, read_only=True)
-    if warehouse.local_path is None or not (warehouse.local_path / "meta.sqlite").is_file():
-        raise SparkfillError(f"{warehouse} is not a sparkfill warehouse")
-    return MetaStore(warehouse.local_path / "meta.sqlite", read_only=True)
+
+def _open_meta(warehouse: Warehouse, meta_url: str | None) -> Any:
+    """The warehouse's meta store, opened read-only (no writer lock)."""
+    from .ui.facts import open_meta
+
+    return open_meta(warehouse, meta_url)
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
@@ -83,54 +89,24 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def status_facts(meta: Any, warehouse: Warehouse) -> dict[str, Any]:
-    """What ``status`` shows, as JSON-ready facts read from the meta store only:
-    the committed epoch; each relation (kind, strategy, state, rows; an MV's
-    backfilled rows and vnodes done); each source (connector, last epoch, batches,
-    position, rows, dead letters); each sink (its MV, connector, path, epoch
-    written)."""
-    relations: list[dict[str, Any]] = []
-    names: dict[int, str] = {}
-    for rel in meta.relations():
-        names[rel.id] = rel.name
-        options = rel.definition.get("options") or {}
-        progress = meta.progress(rel.id)
-        state = rel.state
-        vnodes: int | None = None
-        backfilled: int | None = None
-        if rel.kind == "mv":
-            backfilled = sum(p.rows for p in progress)
-            vnodes = sum(1 for p in progress if p.state == "done" and p.vnode >= 0)
-            if state == "creating":
-                state = "paused" if options.get("rate_limit") == 0 else "backfilling"
-                if options.get("strategy") != "arrangement":
-                    vnodes = 0
-            else:
-                vnodes = 256
-        relations.append({"name": rel.name, "kind": rel.kind,
-                          "strategy": options.get("strategy"), "state": state,
-                          "rows": rel.row_count, "backfilled_rows": backfilled,
-                          "vnodes_done": vnodes})
-    sources = [{"name": names.get(src.rel_id, str(src.rel_id)), "connector": src.connector,
-                "last_epoch": src.epoch, "batches": src.batch, "position": src.position,
-                "rows": src.total_rows,
-                "dead_letters": src.total_dead_letters if src.dead_letter_id is not None
-                else None}
-               for src in meta.sources()]
-    sinks: list[dict[str, Any]] = []
-    if registered := meta.sinks():
-        from .sinks import synced_epoch
+def _ui(args: argparse.Namespace, console: Console) -> int:
+    from .ui.server import UiServer
 
-        sinks = [{"name": sink.name, "from": names.get(sink.rel_id, str(sink.rel_id)),
-                  "connector": sink.connector, "path": sink.path,
-                  "epoch_written": synced_epoch(sink.path, sink.id)}
-                 for sink in registered]
-    # the last periodic sampled VERIFY of each MV (``SET verify_every = N``)
-    verified = json.loads(meta.get("verify_last") or "{}")
-    return {"warehouse": str(warehouse), "committed_epoch": meta.committed_epoch,
-            "relations": relations, "sources": sources, "sinks": sinks,
-            "verified": [{"name": name, **found} for name, found in sorted(verified.items())
-                         if name in names.values()]}
+    try:
+        server = UiServer(args.warehouse, _meta_of(args), host=args.host, port=args.port)
+    except SparkfillError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    console.print(f"sparkfill ui: [bold]{server.url}[/bold] — warehouse {args.warehouse} "
+                  "(read-only; Ctrl-C stops)", highlight=False, soft_wrap=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]note:[/yellow] listening on {args.host}: anyone who can reach "
+                      "it sees the warehouse's names, counts and warnings", highlight=False)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _print_status(facts: dict[str, Any], console: Console) -> None:
@@ -143,6 +119,16 @@ def _print_status(facts: dict[str, Any], console: Console) -> None:
                       f"{rel['rows']:,}", f"{rel['backfilled_rows']:,}" if is_mv else "",
                       str(rel["vnodes_done"]) if is_mv else "")
     console.print(table)
+    if facts.get("jobs"):
+        out = Table("creating", "strategy", "phase", "done", "rows/s", "ETA", "rate limit")
+        for job in facts["jobs"]:
+            eta = job["eta_seconds"]
+            state = " (stalled)" if job["stalled"] else " (paused)" if job["paused"] else ""
+            out.add_row(job["name"], job["strategy"], job["phase"] + state,
+                        f"{job['percent']:.1f}% of {job['rows_total_estimate']:,}",
+                        f"{job['rows_per_second']:,.0f}", "" if eta is None else f"{eta:,.0f}s",
+                        "" if job["rate_limit"] is None else f"{job['rate_limit']:,}")
+        console.print(out)
     if facts["sources"]:
         out = Table("source", "connector", "last epoch", "batches", "offset", "rows",
                     "dead letters")
@@ -415,7 +401,19 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true",
                         help="print the same facts as one JSON object (for scripts and "
                              "monitoring)")
-    for command in (run, sql, status):
+    ui = sub.add_parser("ui", help="serve a live web page of a warehouse (read-only)",
+                        description="Serve a live web page of the warehouse: its dataflow "
+                                    "graph, each creating job's progress, the epoch timeline, "
+                                    "warnings and errors; plus /api/status (the facts of "
+                                    "'status --json'), /api/watch and /metrics (Prometheus). "
+                                    "Read-only: safe beside a running pipeline; never starts "
+                                    "Spark.")
+    ui.add_argument("warehouse", type=_warehouse, metavar="DIR")
+    ui.add_argument("--port", type=_port, default=8765, metavar="P",
+                    help="the port to listen on (default 8765; 0: any free port)")
+    ui.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                    help="the address to listen on (default 127.0.0.1: this machine only)")
+    for command in (run, sql, status, ui):
         command.add_argument("--meta", metavar="URL", default=None,
                              help="the warehouse's PostgreSQL meta store (default: the URL "
                                   "the warehouse records, else its meta.sqlite)")
@@ -444,6 +442,8 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
         return demo_main(extra)
     if args.command == "status":
         return _status(args, console)
+    if args.command == "ui":
+        return _ui(args, console)
     if args.command == "sql":
         return _sql(args, console, spark)
     if args.epochs is not None and args.epochs < 0:

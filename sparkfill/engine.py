@@ -322,6 +322,8 @@ class Engine:
                             f"failed: {_translate(exc, 'verify')}")
             LOG.warning(warnings[-1])
         rows, dead = self.sources.report(self.catalog, report.epoch)
+        # recorded in the epoch's row of ``epochs`` with the next epoch's commit
+        self.coordinator.after_commit(report.epoch, warnings)
         return replace(report, source_rows=rows, dead_letters=dead, warnings=warnings)
 
     # --- DML ------------------------------------------------------------------------------

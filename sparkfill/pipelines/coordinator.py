@@ -20,7 +20,9 @@ Epoch ``e``:
    back this epoch — of created MVs no MV reads, and of state tables whose operator
    reads the Δ's plan itself — are appended together at the end of the phase, their
    rows brought to the driver by one Spark job;
-3. commit ``e`` in the meta store: versions, row counts, progress, applied DML;
+3. commit ``e`` in the meta store: versions, row counts, progress, applied DML,
+   and its row of ``epochs`` (its time, the creating jobs' share of it, its changes
+   and Spark jobs, each job's rows; the previous epoch's work after its commit);
 4. release the backfill chunks read for ``e``; compact and vacuum. ``e`` is
    committed: a failure here is logged (and reported) and retried later, so
    ``step()`` raises only for an epoch that did not commit.
@@ -59,14 +61,14 @@ from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
-from ..storage.meta_store import EpochCommit, MetaStore, ProgressRow
+from ..storage.meta_store import AfterCommit, EpochCommit, MetaStore, ProgressRow
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
 from ..storage.schema import VNODE, names_sql
 from .cost import linear_cost
 from .refresh import FULL, RefreshPolicy
 from .replace import Switch, swapped, switch_delta, switched
 
-__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job"]
+__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job", "queued_jobs"]
 
 LOG = logging.getLogger("sparkfill")
 
@@ -201,6 +203,27 @@ class EpochAppends:
         return sum(self.counts.get(rel_id, {}).values())
 
 
+def queued_jobs(meta: MetaStore, catalog: Catalog,
+                progress: dict[int, list[ProgressRow]] | None = None) -> set[int]:
+    """Creating jobs waiting for a slot (``max_concurrent_creating_jobs``), the later
+    ones in creation order; ``progress``: every MV's rows (``MetaStore.all_progress``),
+    else read per MV."""
+    limit = meta.get("max_concurrent_creating_jobs")
+    if limit is None:
+        return set()
+    waiting = []
+    slots = int(limit)
+    for r in catalog.all():
+        if r.kind != "mv" or r.state != "creating":
+            continue
+        rows = meta.progress(r.id) if progress is None else progress.get(r.id, [])
+        if any(p.state != "not_started" for p in rows):
+            slots -= 1  # a started job keeps its slot: its MV already holds rows
+        else:
+            waiting.append(r.id)
+    return set(waiting[max(0, slots):])
+
+
 def uses_snapshot_job(rel: Relation) -> bool:
     """A creating MV whose backfill is a snapshot job (a top-N has none: it reads its
     whole input in one epoch)."""
@@ -240,25 +263,17 @@ class EpochCoordinator:
         self._cost_fits: dict[int, tuple[float, float]] = {}
         #: how each created MV takes a change: incremental rules or a recompute
         self.refresh = RefreshPolicy()
+        #: the last epoch's work after its commit, recorded with the next epoch's row,
+        #: and when that work began (the end of its Δs)
+        self._after: AfterCommit | None = None
+        self._after_began = 0.0
 
     # --- planning -------------------------------------------------------------------------
 
     def queued(self) -> set[int]:
         """Creating jobs waiting for a slot (``max_concurrent_creating_jobs``), the
         later ones in creation order."""
-        limit = self.meta.get("max_concurrent_creating_jobs")
-        if limit is None:
-            return set()
-        waiting = []
-        slots = int(limit)
-        for r in self.catalog.all():
-            if r.kind != "mv" or r.state != "creating":
-                continue
-            if any(p.state != "not_started" for p in self.meta.progress(r.id)):
-                slots -= 1  # a started job keeps its slot: its MV already holds rows
-            else:
-                waiting.append(r.id)
-        return set(waiting[max(0, slots):])
+        return queued_jobs(self.meta, self.catalog)
 
     def _budget_of(self, mv: Relation) -> int:
         assert mv.options is not None
@@ -459,6 +474,8 @@ class EpochCoordinator:
         extra_rows: dict[int, int] = {}
         #: the seconds each backfilling MV spent on its own Δ (its share of the epoch)
         own_seconds: dict[int, float] = {}
+        #: the creating jobs' share of the epoch (snapshot jobs' catching up too)
+        backfill_seconds = 0.0
         #: how each created MV whose leaves changed took the change
         choices: dict[int, _Choice] = {}
         #: relations whose Δ an MV (created, creating or waiting) reads
@@ -537,6 +554,8 @@ class EpochCoordinator:
                         appends.append(rel, out.delta, hint, out.tag, out.placed)
             if scans:
                 own_seconds[rel.id] = time.time() - began
+            if scans or uses_snapshot_job(rel):
+                backfill_seconds += time.time() - began
             if rel.id in choices and rel.id not in switching and rel.id not in swapping:
                 took = choices[rel.id]
                 self.refresh.record(rel.id, took.choice.mode, took.changed_rows, took.leaf_rows,
@@ -548,6 +567,9 @@ class EpochCoordinator:
 
         # phase 3: commit the epoch
         finished = time.time()
+        spark_jobs = self.store.spark_jobs - jobs_before
+        after = self._after if self._after is not None and self._after.epoch == epoch - 1 \
+            else None
         self.meta.commit_epoch(EpochCommit(
             epoch=epoch, seconds=finished - started, finished_at=finished,
             versions=appends.versions,
@@ -557,12 +579,15 @@ class EpochCoordinator:
             tagged_versions=appends.tagged, proctime_us=int(plan["proctime_us"]),
             definitions={k: v for sw in switches for k, v in sw.definitions.items()},
             dropped=[r.id for sw in switches for r in sw.dropped],
+            backfill_seconds=backfill_seconds,
+            changes=sum(c.get("+", 0) + c.get("-", 0) + c.get("U+", 0)
+                        for c in counts.values()),
+            spark_jobs=spark_jobs, after_previous=after,
         ))
 
         # phase 4: release the epoch's backfill chunks; housekeeping. The epoch is
         # committed: from here a failure is logged and left for a later epoch (the
         # applied DML files, compaction, vacuum), never raised
-        spark_jobs = self.store.spark_jobs - jobs_before
         warnings: list[str] = []
         self.catalog.reload()
         self.last_rows_read = dict(self.store.rows_read)
@@ -597,6 +622,8 @@ class EpochCoordinator:
         names = {r.id: r.name for r in self.catalog.all()}
         changes = {names[rid]: c.get("+", 0) + c.get("-", 0) + c.get("U+", 0)
                    for rid, c in counts.items() if rid in names}
+        self._after_began = finished
+        self.after_commit(epoch, warnings)
         return EpochReport(epoch=epoch, seconds=finished - started, changes=changes,
                            jobs=self.jobs(), rows_read=self.last_rows_read,
                            backfill_rows={names[k]: v for k, v in chunk_rows.items()
@@ -604,6 +631,12 @@ class EpochCoordinator:
                            spark_jobs=spark_jobs, warnings=warnings,
                            refresh={names[k]: c.choice for k, c in choices.items()
                                     if k in names})
+
+    def after_commit(self, epoch: int, warnings: Sequence[str]) -> None:
+        """The work after ``epoch``'s commit is done (``Engine.step``'s sinks and
+        sampled VERIFY included), with these warnings: recorded in its row of
+        ``epochs`` with the next epoch's commit."""
+        self._after = AfterCommit(epoch, time.time() - self._after_began, tuple(warnings))
 
     def prepare_snapshot_job(self, mv: Relation) -> Relation:
         """A snapshot job that waited for its upstream MVs takes its snapshot as of the

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from .lock import AdvisoryLock
 
 __all__ = ["MetaStore", "RelationRow", "StagedBatch", "ProgressRow", "EpochCommit", "SourceRow",
-           "SinkRow", "Conn", "PgTarget", "META_FILE", "check_meta", "open_postgres"]
+           "SinkRow", "EpochRow", "AfterCommit", "Conn", "PgTarget", "META_FILE", "check_meta",
+           "open_postgres"]
 
 
 class Cursor(Protocol):
@@ -99,7 +100,8 @@ CREATE TABLE IF NOT EXISTS pending_dirs (dir TEXT PRIMARY KEY, rel_id INTEGER NO
 CREATE TABLE IF NOT EXISTS removed_files (rel_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     path TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS epochs (epoch INTEGER PRIMARY KEY, seconds REAL NOT NULL,
-    finished_at REAL NOT NULL);
+    finished_at REAL NOT NULL, backfill_seconds REAL, commit_seconds REAL, changes INTEGER,
+    spark_jobs INTEGER, jobs TEXT, warnings TEXT);
 CREATE TABLE IF NOT EXISTS sources (
     rel_id INTEGER PRIMARY KEY, connector TEXT NOT NULL, options TEXT NOT NULL,
     dead_letter_id INTEGER, epoch INTEGER NOT NULL, batch INTEGER NOT NULL DEFAULT 0,
@@ -112,6 +114,15 @@ CREATE TABLE IF NOT EXISTS sinks (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNI
     rel_id INTEGER NOT NULL, connector TEXT NOT NULL, path TEXT NOT NULL,
     options TEXT NOT NULL, created_epoch INTEGER NOT NULL);
 """
+
+#: columns added to a table after its first release: (table, column, type). A writer
+#: adds those its database lacks when it opens (``_add_columns``); a reader of an older
+#: meta store reads them as NULL (``SELECT *``, read by name when present)
+_ADDED_COLUMNS = (
+    ("epochs", "backfill_seconds", "REAL"), ("epochs", "commit_seconds", "REAL"),
+    ("epochs", "changes", "INTEGER"), ("epochs", "spark_jobs", "INTEGER"),
+    ("epochs", "jobs", "TEXT"), ("epochs", "warnings", "TEXT"),
+)
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,39 @@ class SinkRow:
     created_epoch: int
 
 
+@dataclass(frozen=True)
+class AfterCommit:
+    """What a committed epoch did after its commit, written with the next epoch's
+    commit (its row of ``epochs``): the seconds from the end of its Δs to the end of
+    its ``step()`` (the commit, releasing chunks, removing applied DML, compaction,
+    vacuum, the sinks' writes, a sampled VERIFY) and the warnings of that work."""
+
+    epoch: int
+    seconds: float
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EpochRow:
+    """One committed epoch as the ``epochs`` table records it. ``seconds``: its Δs
+    computed and appended (what ``EpochReport.seconds`` says), of which
+    ``backfill_seconds`` the creating jobs' own share; ``commit_seconds`` and
+    ``warnings``: its commit and the work after it (``AfterCommit``), known once the
+    next epoch commits; ``jobs``: the snapshot rows each creating MV (by id) had
+    backfilled once it committed. None: not recorded (an older warehouse's epoch,
+    or the last epoch's commit part)."""
+
+    epoch: int
+    seconds: float
+    finished_at: float
+    backfill_seconds: float | None = None
+    commit_seconds: float | None = None
+    changes: int | None = None
+    spark_jobs: int | None = None
+    jobs: dict[int, int] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
 @dataclass
 class EpochCommit:
     """Everything one epoch commits, written in one transaction."""
@@ -200,6 +244,13 @@ class EpochCommit:
     #: replaced definition's state tables and links, the replacement)
     definitions: dict[int, dict[str, Any]] = field(default_factory=dict)
     dropped: list[int] = field(default_factory=list)
+    #: the parts of its row of ``epochs`` (``EpochRow``): the creating jobs' share of
+    #: ``seconds``, the rows its Δs changed, the Spark jobs it ran
+    backfill_seconds: float | None = None
+    changes: int | None = None
+    spark_jobs: int | None = None
+    #: the previous epoch's work after its commit, recorded in its row
+    after_previous: AfterCommit | None = None
 
 
 class MetaStore:
@@ -231,6 +282,8 @@ class MetaStore:
             lite.execute("PRAGMA synchronous=FULL")
             lite.executescript(_SCHEMA)
         lite.row_factory = sqlite3.Row
+        if not read_only:
+            _add_columns(lite)
         self._lite = lite
         self._conn = lite
 
@@ -239,6 +292,20 @@ class MetaStore:
             self._pg.raw.close()
         else:
             self._lite.close()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads that see one committed state of the meta store however many
+        statements they take (a reader beside a writer that commits epochs): a read
+        transaction, SQLite's deferred ``BEGIN`` (WAL: one snapshot) or PostgreSQL's
+        REPEATABLE READ, READ ONLY."""
+        self._conn.execute("BEGIN" if self._pg is None
+                           else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield
+        finally:
+            if self._pg is None or not self._pg.raw.broken:
+                self._conn.execute("COMMIT")
 
     @contextmanager
     def transaction(self) -> Iterator[Conn]:
@@ -445,9 +512,7 @@ class MetaStore:
         rows = self._conn.execute(
             "SELECT * FROM backfill_progress WHERE mv_id = ? ORDER BY leaf, vnode",
             (mv_id,)).fetchall()
-        return [ProgressRow(r["mv_id"], r["leaf"], r["vnode"], r["state"],
-                            None if r["pos"] is None else json.loads(r["pos"]), r["rows"],
-                            r["pinned_epoch"]) for r in rows]
+        return [_progress_row(r) for r in rows]
 
     def put_progress(self, conn: Conn, p: ProgressRow) -> None:
         conn.execute(
@@ -481,6 +546,10 @@ class MetaStore:
                              (delta, rel_id))
             for p in c.progress:
                 self.put_progress(conn, p)
+            # the rows each creating job (this epoch's completed ones too) has backfilled
+            jobs = {str(r[0]): int(r[1]) for r in conn.execute(
+                "SELECT p.mv_id, SUM(p.rows) FROM backfill_progress p JOIN relations r "
+                "ON r.id = p.mv_id WHERE r.state = 'creating' GROUP BY p.mv_id").fetchall()}
             for rel_id in c.created:
                 conn.execute("UPDATE relations SET state = 'created', ready_epoch = ? WHERE id = ?",
                              (c.epoch, rel_id))
@@ -490,10 +559,18 @@ class MetaStore:
                 self.update_definition(conn, rel_id, definition)
             conn.execute("DELETE FROM dml_batches WHERE seq <= ?", (c.applied_dml_upto,))
             conn.execute("DELETE FROM pending_epoch")
-            conn.execute("INSERT INTO epochs(epoch, seconds, finished_at) VALUES (?, ?, ?) "
-                         "ON CONFLICT(epoch) DO UPDATE SET seconds = excluded.seconds, "
-                         "finished_at = excluded.finished_at",
-                         (c.epoch, c.seconds, c.finished_at))
+            conn.execute(
+                "INSERT INTO epochs(epoch, seconds, finished_at, backfill_seconds, changes, "
+                "spark_jobs, jobs) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(epoch) DO UPDATE "
+                "SET seconds = excluded.seconds, finished_at = excluded.finished_at, "
+                "backfill_seconds = excluded.backfill_seconds, changes = excluded.changes, "
+                "spark_jobs = excluded.spark_jobs, jobs = excluded.jobs",
+                (c.epoch, c.seconds, c.finished_at, c.backfill_seconds, c.changes, c.spark_jobs,
+                 json.dumps(jobs) if jobs else None))
+            if (after := c.after_previous) is not None:
+                conn.execute("UPDATE epochs SET commit_seconds = ?, warnings = ? WHERE epoch = ?",
+                             (after.seconds, json.dumps(list(after.warnings))
+                              if after.warnings else None, after.epoch))
             self.put(conn, "committed_epoch", str(c.epoch))
             if c.proctime_us is not None:
                 self.put(conn, "proctime_us", str(c.proctime_us))
@@ -503,6 +580,35 @@ class MetaStore:
             "SELECT epoch, seconds, finished_at FROM epochs ORDER BY epoch DESC LIMIT ?",
             (limit,)).fetchall()
         return [(int(r[0]), float(r[1]), float(r[2])) for r in rows]
+
+    def epoch_rows(self, limit: int = 20, epochs: Sequence[int] = ()) -> list[EpochRow]:
+        """The last ``limit`` committed epochs' rows, oldest first, and those of
+        ``epochs`` (any epoch, e.g. a backfill's first) among them."""
+        rows = self._conn.execute(
+            "SELECT * FROM epochs WHERE epoch > (SELECT COALESCE(MAX(epoch), 0) FROM epochs) - ?"
+            " ORDER BY epoch", (limit,)).fetchall()
+        wanted = sorted({int(e) for e in epochs} - {int(r["epoch"]) for r in rows})
+        if wanted:
+            marks = ", ".join("?" for _ in wanted)
+            rows = self._conn.execute(f"SELECT * FROM epochs WHERE epoch IN ({marks})",
+                                      wanted).fetchall() + rows
+        return sorted(_epoch_rows(rows), key=lambda r: r.epoch)
+
+    def last_versions(self) -> dict[int, tuple[int, int]]:
+        """Each relation's last recorded (epoch, Delta version): the last epoch that
+        changed it and the version its committed rows are at."""
+        rows = self._conn.execute("SELECT rel_id, MAX(epoch), MAX(version) FROM "
+                                  "relation_versions GROUP BY rel_id").fetchall()
+        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def all_progress(self) -> dict[int, list[ProgressRow]]:
+        """``progress`` of every MV, by MV id (one query)."""
+        out: dict[int, list[ProgressRow]] = {}
+        rows = self._conn.execute(
+            "SELECT * FROM backfill_progress ORDER BY mv_id, leaf, vnode").fetchall()
+        for r in rows:
+            out.setdefault(int(r["mv_id"]), []).append(_progress_row(r))
+        return out
 
     # --- files ----------------------------------------------------------------------------
 
@@ -531,6 +637,46 @@ class MetaStore:
 
     def forget_removed_files(self, conn: Conn, horizon: int) -> None:
         conn.execute("DELETE FROM removed_files WHERE epoch <= ?", (horizon,))
+
+
+def _progress_row(r: Any) -> ProgressRow:
+    return ProgressRow(r["mv_id"], r["leaf"], r["vnode"], r["state"],
+                       None if r["pos"] is None else json.loads(r["pos"]), r["rows"],
+                       r["pinned_epoch"])
+
+
+def _epoch_rows(rows: Sequence[Any]) -> list[EpochRow]:
+    """``epochs`` rows read with ``SELECT *`` (a column an older meta store lacks reads
+    as None)."""
+    if not rows:
+        return []
+    names = list(rows[0].keys())
+    out = []
+    for r in rows:
+        d = dict(zip(names, r, strict=True))
+        jobs, warnings, part = d.get("jobs"), d.get("warnings"), d.get("backfill_seconds")
+        commit, changes, spark_jobs = d.get("commit_seconds"), d.get("changes"), \
+            d.get("spark_jobs")
+        out.append(EpochRow(
+            int(d["epoch"]), float(d["seconds"]), float(d["finished_at"]),
+            None if part is None else float(part), None if commit is None else float(commit),
+            None if changes is None else int(changes),
+            None if spark_jobs is None else int(spark_jobs),
+            {} if jobs is None else {int(k): int(v) for k, v in json.loads(jobs).items()},
+            () if warnings is None else tuple(json.loads(warnings))))
+    return out
+
+
+def _add_columns(conn: Any, pg: bool = False) -> None:
+    """Add the columns of ``_ADDED_COLUMNS`` a writer's meta store lacks (a warehouse
+    created by an earlier sparkfill); ``conn``: a sqlite3 or (``pg``) psycopg
+    connection."""
+    for table, column, kind in _ADDED_COLUMNS:
+        cur = conn.execute(f"SELECT * FROM {table} LIMIT 0")
+        if column not in [d[0] for d in cur.description or ()]:
+            if pg:
+                kind = {"REAL": "DOUBLE PRECISION", "INTEGER": "BIGINT"}.get(kind, kind)
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------
@@ -758,6 +904,7 @@ def _pg_open(target: PgTarget, read_only: bool) -> Any:
         conn.execute(f"SET search_path TO {ident}")
         if not read_only:
             conn.execute(_pg_schema())
+            _add_columns(conn, pg=True)
     except BaseException:
         conn.close()
         raise
