@@ -18,6 +18,7 @@ from helpers import assert_same_rows
 from workload import Workload, create_table_sql
 
 from sparkfill import DependentObjects, Engine, SqlError, UnsupportedQuery
+from sparkfill.ui.facts import status_facts
 
 M_SQL = [
     # the first definition, then: a changed filter, a changed aggregate, an added column
@@ -153,6 +154,8 @@ def test_a_refused_replacement_names_the_dependent_and_changes_nothing(spark, tm
                 f"{M_SQL[2]}")
         assert eng.progress("m").state == "paused"
         assert any(j.name == "m" and j.state == "paused" for j in eng.progress())
+        jobs = status_facts(eng.meta, eng.path)["jobs"]  # sparkfill status and ui
+        assert [(j["name"], j["replacing"], j["state"]) for j in jobs] == [("m", True, "paused")]
         eng.sql("CANCEL JOBS m")
         eng.step()
         assert eng.relation("m").sql == M_SQL[0] and eng.progress("m").state == "created"

@@ -77,9 +77,14 @@ def job_facts(catalog: Catalog, progress: dict[int, list[ProgressRow]],
     now = time.time() if now is None else now
     by_epoch = {e.epoch: e for e in epochs}
     out: list[dict[str, Any]] = []
-    for mv in catalog.all():
-        if mv.kind != "mv" or mv.internal or mv.state == "created" or mv.options is None:
+    for user in catalog.all():
+        if user.kind != "mv" or user.internal:
             continue
+        # a created MV's job is the replacement being built for it (CREATE OR REPLACE)
+        found = user if user.state != "created" else catalog.replacement_of(user)
+        if found is None or found.state == "created" or found.options is None:
+            continue
+        mv = found
         parts = [*catalog.internals_of(mv), mv]
         ids = {p.id for p in parts}
         active = next((p for p in parts if p.state != "created"), mv)
@@ -95,7 +100,7 @@ def job_facts(catalog: Catalog, progress: dict[int, list[ProgressRow]],
         rate = 0.0
         if len(samples) >= 2 and samples[-1][0] > samples[0][0]:
             rate = max(0.0, (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]))
-        opts = mv.options
+        opts = found.options
         rows = progress.get(active.id, [])
         lag: int | None = None
         paused = opts.rate_limit == 0
@@ -123,7 +128,8 @@ def job_facts(catalog: Catalog, progress: dict[int, list[ProgressRow]],
                        else 256 if phase == "catching up" else 0)
         started = _started_at(mv, by_epoch)
         out.append({
-            "name": mv.name, "strategy": opts.strategy, "state": state, "phase": phase,
+            "name": user.name, "replacing": mv is not user,
+            "strategy": opts.strategy, "state": state, "phase": phase,
             "rows_done": done, "rows_total_estimate": total,
             "percent": 100.0 * done / total if total > 0 else 0.0,
             "rows_per_second": rate,
