@@ -119,8 +119,11 @@ def _check(engine: Any, catalog: _Catalog, cmd: Any) -> None:
         _, planned = plan_chain(engine.spark, create.name, create.query, catalog.columns_of,
                                 catalog.leaf)
         if isinstance(cmd, CreateMaterializedView):
-            catalog.create(create.name, "mv", LeafInfo(
-                create.name, tuple(planned.columns), tuple(planned.key)), False)
+            info = LeafInfo(create.name, tuple(planned.columns), tuple(planned.key))
+            if create.or_replace and catalog.kinds.get(create.name.lower()) == "mv":
+                catalog._add(create.name, "mv", info)  # the new definition from then on
+            else:
+                catalog.create(create.name, "mv", info, False)
     elif isinstance(cmd, Drop):
         kind = catalog.kinds.get(cmd.name.lower())
         if kind is None:
