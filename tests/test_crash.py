@@ -32,10 +32,11 @@ READY_TIMEOUT = 180.0
 
 
 class Child:
-    def __init__(self, warehouse: str, journal: str, seed: int, log_path: str):
+    def __init__(self, warehouse: str, journal: str, seed: int, log_path: str,
+                 driver: str = DRIVER, *more: str):
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, DRIVER, warehouse, journal, str(seed)],
+            [sys.executable, driver, warehouse, journal, str(seed), *more],
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=subprocess_env("local[1]"),

@@ -10,11 +10,14 @@ switch. Refusals change nothing; a crash before the switch's commit re-runs it.
 
 from __future__ import annotations
 
+import os
 import random
+import time
 
 import pytest
 from deltalake import DeltaTable
 from helpers import assert_same_rows
+from test_crash import READY_TIMEOUT, Child, _tail
 from workload import Workload, create_table_sql
 
 from sparkfill import DependentObjects, Engine, SqlError, UnsupportedQuery
@@ -254,5 +257,61 @@ def test_swap_exchanges_two_created_mvs_and_their_dependents_follow_the_names(sp
                 eng.sql(bad)
             assert all(w in str(info.value) for w in words), str(info.value)
             assert eng.meta.relations() == meta_before
+    finally:
+        eng.close()
+
+
+def test_a_sigkill_while_replacing_leaves_the_old_or_the_new_definition(spark, tmp_path):
+    """The writer SIGKILLed at a random moment while a replacement is built or the MV
+    switches: reopened, it finishes; at every epoch ``m`` equals the query it had then
+    (the old one up to the switch, the new one from it; checked at the replacement's
+    start, on both sides of the switch and at the end) and ``m2`` its query over
+    ``m``."""
+    path = tmp_path / "wh"
+    rng = random.Random(35)
+    eng = Engine(path, spark=spark)
+    try:
+        eng.sql(create_table_sql("t"))
+        work = Workload(eng, spark, "t", rng, key_space=300)
+        work.initial_load(200)
+        eng.step()
+        eng.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill = 'blocking') AS {M_SQL[0]}")
+        eng.step()
+        eng.sql(f"CREATE MATERIALIZED VIEW m2 WITH (backfill = 'blocking') AS {M2_SQL}")
+        eng.step()
+        eng.sql("CREATE OR REPLACE MATERIALIZED VIEW m WITH (backfill = 'arrangement', "
+                f"backfill_chunk_rows = 100) AS {M_SQL[3]}")
+        first = eng.committed_epoch
+    finally:
+        eng.close()
+    log = str(tmp_path / "driver.log")
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replace_driver.py")
+    child = Child(str(path), "-", 35, log, driver, M_SQL[3])
+    assert child.wait_for(lambda ln: ln == "READY", READY_TIMEOUT) is not None, _tail(log)
+    assert child.wait_for(lambda ln: ln.startswith("STEP"), 300) is not None, _tail(log)
+    time.sleep(rng.uniform(0.0, 4.0))
+    killed = child.kill()
+    eng = Engine(path, spark=spark)  # recovers the epoch the kill cut off, if any
+    try:
+        work = Workload(eng, spark, "t", rng, key_space=300)
+        for _ in range(30):
+            if eng.relation("m").sql == M_SQL[3]:
+                break
+            work.random_epoch_dml()
+            eng.step()
+        assert eng.relation("m").sql == M_SQL[3], "no switch after the kill"
+        work.random_epoch_dml()
+        last = eng.step().epoch
+        switch = next(e for e in range(first, last + 1) if eng.relation("m").at(e).sql
+                      == M_SQL[3])
+        assert first < switch < last, (first, switch, last)
+        for e in sorted({first, first + 1, switch - 1, switch, last}):
+            then = eng.relation("m").at(e).sql
+            assert_same_rows(eng.read("m", as_of=e), _batch(spark, eng, then, e),
+                             label=f"m at epoch {e} (switched at {switch}, killed {killed})")
+            assert_same_rows(eng.read("m2", as_of=e), _batch(spark, eng, M2_SQL, e, over="m"),
+                             label=f"m2 at epoch {e}")
+        assert not [r.name for r in eng.meta.relations() if r.name.startswith("__sf_r")
+                    and eng.catalog.find(r.name).kind == "mv"]
     finally:
         eng.close()
