@@ -44,7 +44,7 @@ def test_column_lists_created_online_match_batch_every_epoch(engine, spark):
     work.initial_load(300)
     engine.step()
     for name, sql in QUERIES.items():
-        engine.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill_chunk_rows = 120) AS "
+        engine.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill_chunk_rows = 200) AS "
                    + sql.format(t="t"))
     assert [c.name for c in engine.relation("top_two").visible_columns] == ["id", "grp", "val"]
     checked = step_checking_queries(engine, spark, QUERIES, _batch,
