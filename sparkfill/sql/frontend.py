@@ -297,7 +297,8 @@ def _parse_create_mv(m: re.Match[str]) -> CreateMaterializedView:
     query_sql = as_m.group("query").strip().rstrip(";")
     try:
         query = sqlglot.parse_one(query_sql, read="spark")
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:  # a ParseError, or a TokenError (a quote
+        # or comment left open)
         raise SqlError(f"cannot parse the query of materialized view {name!r}: {exc}") from exc
     return CreateMaterializedView(name, options, query_sql, query, bool(m.group("ine")))
 
@@ -445,7 +446,9 @@ def _tables_of(tree: exp.Expr) -> list[str]:
 
 
 def parse_statement(sql: str) -> Command:
-    if not isinstance(sql, str) or not sql.strip():
+    if not isinstance(sql, str):
+        raise SqlError(f"a statement is a string, not {type(sql).__name__}")
+    if not sql.strip():
         raise SqlError("empty statement")
     m = _EXPLAIN.match(sql)
     if m:
@@ -505,7 +508,7 @@ def parse_statement(sql: str) -> Command:
         return SetOption(name, validate_option(name, _literal(m.group("value"))))
     try:
         trees = sqlglot.parse(sql, read="spark")
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:  # ParseError, TokenError
         raise SqlError(f"cannot parse statement: {exc}") from exc
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:

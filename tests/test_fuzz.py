@@ -1,0 +1,83 @@
+"""The statement fuzzer's CI slice (issue 35, item 3), its own checks, and the
+regression tests of the bugs it found.
+
+``test_fuzz_slice`` runs a fixed, seeded slice of ``tests/fuzz.py`` (``make torture``
+runs it at scale): every statement and API call works or raises a SparkfillError
+naming the problem, never an internal error; a refused one leaves the meta store
+and every file of the warehouse as they were; a VERIFY of an MV it made is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fuzz import internal_reason, warehouse_state
+
+from sparkfill import SparkfillError, SqlError, UnknownRelation
+
+# --------------------------------------------------------------------------- #
+# The fuzzer's checks can fail
+# --------------------------------------------------------------------------- #
+
+
+def test_internal_reason_tells_translations_from_refusals():
+    cause = KeyError("x")
+    caught = SparkfillError("Engine.sql: KeyError: 'x'")
+    caught.__cause__ = cause
+    assert "catch-all" in internal_reason(caught)
+    assert internal_reason(ValueError("raw")) is not None
+    assert internal_reason(SqlError("")) is not None
+    assert internal_reason(SqlError("Engine.sql: An error occurred while calling o1.sql")) \
+        is not None
+    refused = SqlError("cannot parse statement: bad")
+    refused.__cause__ = ValueError("bad")
+    assert internal_reason(refused) is None
+    assert internal_reason(UnknownRelation("no table named 'x'")) is None
+
+
+def test_warehouse_state_sees_every_change(tmp_path):
+    import sqlite3
+
+    con = sqlite3.connect(tmp_path / "meta.sqlite")
+    con.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT)")
+    con.commit()
+    (tmp_path / "relations").mkdir()
+    (tmp_path / "relations" / "f.parquet").write_bytes(b"abcd")
+    before = warehouse_state(tmp_path)
+    assert before.diff(warehouse_state(tmp_path)) == []
+    (tmp_path / "relations" / "f.parquet").write_bytes(b"abce")  # same size
+    assert any("f.parquet" in d for d in before.diff(warehouse_state(tmp_path)))
+    con.execute("INSERT INTO kv VALUES ('a', 'b')")
+    con.commit()
+    after = warehouse_state(tmp_path)
+    assert any("kv" in d for d in warehouse_state(tmp_path).diff(before))
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "staging" / "x").write_bytes(b"")
+    assert any("staging/x" in d for d in after.diff(warehouse_state(tmp_path)))
+    con.close()
+
+
+# --------------------------------------------------------------------------- #
+# Bugs the fuzzer found
+# --------------------------------------------------------------------------- #
+
+
+def refused(exc_type, fn, *words: str) -> SparkfillError:
+    with pytest.raises(exc_type) as info:
+        fn()
+    assert internal_reason(info.value) is None, internal_reason(info.value)
+    for word in words:
+        assert word.lower() in str(info.value).lower(), (str(info.value), word)
+    return info.value
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 'abc",  # a quote left open: sqlglot's TokenError, not its ParseError
+    "SELECT `abc FROM t",
+    'SELECT "abc FROM t',
+    "CREATE MATERIALIZED VIEW m AS SELECT 'a FROM t",
+    "CREATE TABLE t2 (id BIGINT, PRIMARY KEY (id)) /* a comment left open",
+])
+def test_unterminated_tokens_are_sql_errors(engine, sql):
+    epoch, state = engine.committed_epoch, warehouse_state(engine.path)
+    refused(SqlError, lambda: engine.sql(sql), "cannot parse")
+    assert engine.committed_epoch == epoch and warehouse_state(engine.path).diff(state) == []
