@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import numbers
 import random
 import re
 import uuid
@@ -130,6 +131,17 @@ def _translate(exc: Exception, where: str) -> SparkfillError:
     if isinstance(exc, PySparkException):
         return SqlError(f"{where}: {short}")
     return SparkfillError(f"{where}: {type(exc).__name__}: {short}")
+
+
+def _epoch_number(as_of: Any) -> int:
+    """An ``as_of`` argument as an epoch: an integer (or its digits as a string)."""
+    if isinstance(as_of, numbers.Integral) and not isinstance(as_of, bool):
+        return int(as_of)
+    if isinstance(as_of, str) and re.fullmatch(r"\s*[+-]?\d+\s*", as_of):
+        return int(as_of)
+    text = repr(as_of)
+    raise EpochNotRetained(f"as_of names an epoch, an integer; got {type(as_of).__name__} "
+                           f"{text if len(text) <= 80 else text[:80] + '...'}")
 
 
 def _boundary(method: Callable[P, R]) -> Callable[P, R]:
@@ -354,7 +366,7 @@ class Engine:
 
     def _epoch_for_read(self, rel: Relation, as_of: int | None) -> int:
         committed = self.meta.committed_epoch
-        epoch = committed if as_of is None else int(as_of)
+        epoch = committed if as_of is None else _epoch_number(as_of)
         if epoch > committed or epoch < 0:
             raise EpochNotRetained(f"epoch {epoch} is not committed (committed epoch: "
                                    f"{committed})")
@@ -399,7 +411,7 @@ class Engine:
         for rel in self.catalog.all():
             if rel.internal or (rel.kind == "mv" and rel.state != "created"):
                 continue
-            epoch = self.meta.committed_epoch if as_of is None else int(as_of)
+            epoch = self.meta.committed_epoch if as_of is None else _epoch_number(as_of)
             if epoch < rel.created_epoch or (rel.ready_epoch or 0) > epoch:
                 continue
             self._snapshot(rel, self._epoch_for_read(rel, epoch)) \
@@ -803,6 +815,9 @@ class Engine:
     def explain(self, statement: str) -> str:
         """The operator plan of ``CREATE MATERIALIZED VIEW ...`` (or of an existing
         MV, by name) as an indented tree with each operator's key and state tables."""
+        if not isinstance(statement, str):
+            raise SqlError("EXPLAIN takes CREATE MATERIALIZED VIEW ... or an MV's name (a "
+                           f"string), not {type(statement).__name__}")
         if re.match(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*$", statement):
             return explain_existing(self.catalog, statement.strip())
         cmd = parse_statement(statement)

@@ -9,10 +9,19 @@ and every file of the warehouse as they were; a VERIFY of an MV it made is exact
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import math
+
 import pytest
 from fuzz import internal_reason, warehouse_state
 
-from sparkfill import SparkfillError, SqlError, UnknownRelation
+from sparkfill import (
+    EpochNotRetained,
+    SparkfillError,
+    SqlError,
+    UnknownRelation,
+)
 
 # --------------------------------------------------------------------------- #
 # The fuzzer's checks can fail
@@ -81,3 +90,29 @@ def test_unterminated_tokens_are_sql_errors(engine, sql):
     epoch, state = engine.committed_epoch, warehouse_state(engine.path)
     refused(SqlError, lambda: engine.sql(sql), "cannot parse")
     assert engine.committed_epoch == epoch and warehouse_state(engine.path).diff(state) == []
+
+
+def test_wrong_argument_types(engine):
+    eng = engine
+    eng.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+    eng.insert("t", [{"id": 1, "v": 2}])
+    eng.step()
+    state = warehouse_state(eng.path)
+    # a relation named by something else than a string
+    for name in ([1, 2], 7, None, b"t", decimal.Decimal("1E+40")):
+        refused(UnknownRelation, lambda name=name: eng.read(name), "string")
+        if name is not None:  # progress(None): every job's
+            refused(UnknownRelation, lambda name=name: eng.progress(name), "string")
+        refused(UnknownRelation, lambda name=name: eng.insert(name, [{"id": 1}]), "string")
+        refused(UnknownRelation, lambda name=name: eng.verify(name), "string")
+    # an epoch that is not an integer
+    for as_of in ([1], float("nan"), 1.5, "x", True, datetime.timedelta(days=1)):
+        refused(EpochNotRetained, lambda as_of=as_of: eng.read("t", as_of=as_of), "as_of")
+        refused(EpochNotRetained, lambda as_of=as_of: eng.create_temp_views(as_of=as_of),
+                "as_of")
+    assert eng.read("t", as_of="1").count() == 1  # its digits still name it
+    # a statement that is not a string
+    for statement in (None, 1, b"SHOW TABLES", ["SHOW TABLES"], math.pi):
+        refused(SqlError, lambda s=statement: eng.sql(s), "string")
+        refused(SqlError, lambda s=statement: eng.explain(s), "string")
+    assert warehouse_state(eng.path).diff(state) == []

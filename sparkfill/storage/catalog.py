@@ -103,6 +103,16 @@ class Relation:
                            self.created_epoch, self.row_count, self.dir, self.ready_epoch)
 
 
+def _lookup_key(name: object) -> str:
+    """A relation name as the catalog keys it; a name that is not a string (an API
+    call's wrong argument) is no relation's."""
+    if not isinstance(name, str):
+        text = repr(name)
+        raise UnknownRelation(f"a relation is named by a string, not by {type(name).__name__} "
+                              f"{text if len(text) <= 80 else text[:80] + '...'}")
+    return name.lower()
+
+
 class Catalog:
     def __init__(self, meta: MetaStore) -> None:
         self.meta = meta
@@ -113,7 +123,7 @@ class Catalog:
         self._by_name = {r.name.lower(): Relation.from_row(r) for r in self.meta.relations()}
 
     def get(self, name: str) -> Relation:
-        rel = self._by_name.get(name.lower())
+        rel = self._by_name.get(_lookup_key(name))
         if rel is None:
             known = ", ".join(sorted(r.name for r in self._by_name.values()
                                      if not r.internal)) or "none"
@@ -130,7 +140,7 @@ class Catalog:
         return next((r for r in self._by_name.values() if r.id == rel_id), None)
 
     def find(self, name: str) -> Relation | None:
-        return self._by_name.get(name.lower())
+        return self._by_name.get(_lookup_key(name))
 
     def all(self) -> list[Relation]:
         """Every relation in topological (id) order."""
