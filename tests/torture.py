@@ -54,19 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     from sparkfill.session import build_spark_session
 
     spark = build_spark_session(master="local[2]", shuffle_partitions=2)
-    root = args.dir or tempfile.mkdtemp(prefix="sparkfill-torture-")
+    root = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkfill-torture-"))
     total = Counts()
     started = time.time()
     print(f"torture: seed {args.seed}, {args.n} statements and API calls, in {root}",
           flush=True)
     part = 0
     done = 0
+    cwd = os.getcwd()
     try:
         while done < args.n:
             n = min(args.per_warehouse, args.n - done)
             wh = os.path.join(root, f"wh{part}")
             sinks = os.path.join(root, f"sinks{part}")
             os.makedirs(sinks, exist_ok=True)
+            # relative paths (a sink's, a source's) land in the sinks' folder, compared
+            os.chdir(sinks)
             with Engine(wh, spark=spark) as eng:
                 fuzzer = Fuzzer(eng, args.seed * 1000 + part, sinks,
                                 Limits(step_every=args.step_every),
@@ -76,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
             merge(total, counts)
             done += n
             part += 1
+            os.chdir(root)
             shutil.rmtree(wh, ignore_errors=True)
             shutil.rmtree(sinks, ignore_errors=True)
     finally:
+        os.chdir(cwd)
         spark.stop()
     seconds = time.time() - started
     print()
