@@ -7,7 +7,7 @@ dataflow; the in-memory catalog always mirrors the meta store's committed rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import SqlError, UnknownRelation
@@ -47,6 +47,11 @@ class Relation:
     #: a table's processing-time column (``col TIMESTAMP AS PROCTIME()``): every row
     #: version an epoch writes holds that epoch's processing time there
     proctime: str | None = None
+    #: what messages call it (``table 't'``, ``materialized view 'm'``, an internal
+    #: relation as a part of the MV that owns it) and how a damaged data file of it
+    #: is repaired; set by the catalog, not persisted
+    label: str = ""
+    repair: str = ""
 
     @property
     def internal(self) -> bool:
@@ -56,7 +61,8 @@ class Relation:
 
     @property
     def stored(self) -> StoredRelation:
-        return StoredRelation(self.id, self.name, self.dir, self.columns, self.key)
+        return StoredRelation(self.id, self.name, self.dir, self.columns, self.key,
+                              self.label, self.repair)
 
     @property
     def visible_columns(self) -> list[Column]:
@@ -103,6 +109,26 @@ class Relation:
                            self.created_epoch, self.row_count, self.dir, self.ready_epoch)
 
 
+def _label(rel: Relation, by_id: dict[int, Relation]) -> tuple[str, str]:
+    """What messages call ``rel`` (an internal relation is a part of its user's MV:
+    messages never name internal relations), and how a damaged data file of it is
+    repaired."""
+    if rel.kind == "table":
+        return (f"table {rel.name!r}", "restore the file from a backup, or drop the table and "
+                "load it again: a table's rows are kept nowhere else")
+    user = rel
+    for _ in range(len(by_id)):  # a state's owner may be a link, owned by the MV
+        if user.owner is None or user.owner not in by_id:
+            break
+        user = by_id[user.owner]
+    repair = (f"ALTER MATERIALIZED VIEW {user.name} RECOMPUTE rebuilds it from its upstreams "
+              "in the next epoch (or drop the materialized view and create it again)")
+    if user is rel:
+        return f"materialized view {rel.name!r}", repair
+    part = "a state table" if rel.kind == "state" else "an internal link"
+    return f"materialized view {user.name!r} ({part} of it)", repair
+
+
 def _lookup_key(name: object) -> str:
     """A relation name as the catalog keys it; a name that is not a string (an API
     call's wrong argument) is no relation's."""
@@ -120,7 +146,9 @@ class Catalog:
         self.reload()
 
     def reload(self) -> None:
-        self._by_name = {r.name.lower(): Relation.from_row(r) for r in self.meta.relations()}
+        rels = {row.id: Relation.from_row(row) for row in self.meta.relations()}
+        self._by_name = {r.name.lower(): replace(r, label=label, repair=repair)
+                         for r in rels.values() for label, repair in [_label(r, rels)]}
 
     def get(self, name: str) -> Relation:
         rel = self._by_name.get(_lookup_key(name))

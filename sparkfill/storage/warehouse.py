@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -172,6 +173,17 @@ class Warehouse:
 
     def size(self, uri: str) -> int:
         return int(self.fs.get_file_info(self.fs_path(uri)).size or 0)
+
+    def file_size(self, uri: str) -> int | None:
+        """The size of the file ``uri``; None when there is no such file."""
+        if self.local_path is not None:
+            try:
+                st = os.stat(self.fs_path(uri))
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            return st.st_size if stat.S_ISREG(st.st_mode) else None
+        info = self.fs.get_file_info(self.fs_path(uri))
+        return int(info.size or 0) if info.type == pafs.FileType.File else None
 
     def read_text(self, uri: str) -> str | None:
         """The file's text; None when it does not exist."""
