@@ -310,12 +310,20 @@ class Engine:
         """Run and commit one epoch: stage the sources' input for it, run it, and
         bring the sinks up to it."""
         self._writable("step()")
-        self.sinks.sync(self.catalog, self.meta.committed_epoch)  # behind after a crash
+        behind: list[str] = []
+        try:  # behind after a crash; one that cannot catch up (an MV's data file damaged
+            # by hand) must not keep the epoch that repairs it from running
+            self.sinks.sync(self.catalog, self.meta.committed_epoch)
+        except Exception as exc:  # noqa: BLE001 - the sync after the epoch retries it
+            behind.append(f"a sink could not catch up before epoch "
+                          f"{self.meta.committed_epoch + 1} (retried after it): "
+                          f"{_translate(exc, 'sink')}")
+            LOG.warning(behind[-1])
         self.sources.stage(self.catalog, self.meta.committed_epoch + 1)
         report = self.coordinator.step()
         # the epoch is committed: a sink that cannot write now is reported and
         # brought up to date by a later step
-        warnings = list(report.warnings)
+        warnings = behind + list(report.warnings)
         try:
             self.sinks.sync(self.catalog, report.epoch)
         except Exception as exc:  # noqa: BLE001 - the epoch stands; retried next step

@@ -831,9 +831,13 @@ class RelationStore:
         ``+`` the rows written, ``-`` the ``old_rows`` they replace."""
         dt = self._table(rel)
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
-            version = int(dt.version())  # written before a crash: the same rows
-            return version, {"+": sum(f.rows for f in self.files(rel, version)),
-                             "-": old_rows}
+            version = int(dt.version())
+            files = self.files(rel, version)
+            # written before a crash: the same rows (not when the epoch's first attempt
+            # appended a Δ instead, and failed later: a repair of damaged files that
+            # follows it replaces every file)
+            if all(f.kind == "base" and f.compaction_epoch == epoch for f in files):
+                return version, {"+": sum(f.rows for f in files), "-": old_rows}
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
         df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
         observation = Observation(f"sf_rewrite_{uuid.uuid4().hex}")
