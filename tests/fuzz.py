@@ -1056,6 +1056,9 @@ class Limits:
     snapshot_wait: float = 20.0
     #: the rows a query's result collected shows at most
     collect_rows: int = 5
+    #: the share of statements mutated (the others are run as the grammar made them,
+    #: and mostly work: they cost Spark jobs, a mutated one mostly fails parsing)
+    mutated: float = 0.75
 
 
 class Fuzzer:
@@ -1258,7 +1261,7 @@ class Fuzzer:
             self._check(api.what, api.call, not api.writes, api.replay)
             return
         sql = self.grammar.statement()
-        if rng.random() < 0.75:
+        if rng.random() < self.limits.mutated:
             sql = self.mutator.mutate(sql, rng.choice([1, 1, 1, 2, 2, 3]))
         else:
             self.mutator.previous = (self.mutator.previous + [sql])[-20:]

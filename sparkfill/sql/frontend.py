@@ -445,6 +445,15 @@ def _tables_of(tree: exp.Expr) -> list[str]:
     return names
 
 
+def _table_name(node: Any, statement: str) -> str:
+    """The name of the relation ``statement`` targets: a table's name, not any other
+    expression the parser found there (``DELETE t WHERE ...`` reads as a boolean)."""
+    if not isinstance(node, exp.Table) or not node.name:
+        shown = node.sql(dialect="spark") if isinstance(node, exp.Expr) else repr(node)
+        raise SqlError(f"{statement} needs the name of a relation, not {shown[:60]!r}")
+    return str(node.name)
+
+
 def parse_statement(sql: str) -> Command:
     if not isinstance(sql, str):
         raise SqlError(f"a statement is a string, not {type(sql).__name__}")
@@ -527,7 +536,7 @@ def parse_statement(sql: str) -> Command:
         tables = tree.args.get("tables") or [tree.this]
         if len(tables) != 1:
             raise SqlError("DROP one relation at a time")
-        name = tables[0].name
+        name = _table_name(tables[0], f"DROP {kind}".strip())
         if kind == "TABLE":
             return Drop("table", name, bool(tree.args.get("exists")))
         if kind == "VIEW" and tree.args.get("materialized"):
@@ -544,7 +553,8 @@ def parse_statement(sql: str) -> Command:
         if not isinstance(values, exp.Values):
             raise UnsupportedQuery("only INSERT INTO t [(cols)] VALUES (...) is supported; "
                                    "use Engine.insert(table, dataframe) for query results")
-        return InsertValues(target.name, columns, values.sql(dialect="spark"))
+        return InsertValues(_table_name(target, "INSERT INTO"), columns,
+                            values.sql(dialect="spark"))
     if isinstance(tree, exp.Update):
         if tree.args.get("from") or tree.args.get("from_"):
             raise UnsupportedQuery("UPDATE ... FROM is not supported")
@@ -554,11 +564,12 @@ def parse_statement(sql: str) -> Command:
                 raise SqlError(f"bad SET item {eq.sql(dialect='spark')!r}")
             assignments.append((eq.this.name, eq.expression.sql(dialect="spark")))
         where = tree.args.get("where")
-        return Update(tree.this.name, assignments,
+        return Update(_table_name(tree.this, "UPDATE"), assignments,
                       None if where is None else where.this.sql(dialect="spark"))
     if isinstance(tree, exp.Delete):
         where = tree.args.get("where")
-        return Delete(tree.this.name, None if where is None else where.this.sql(dialect="spark"))
+        return Delete(_table_name(tree.this, "DELETE FROM"),
+                      None if where is None else where.this.sql(dialect="spark"))
     if isinstance(tree, exp.Query):
         # a query runs on Spark as written, TUMBLE and HOP (not Spark's) as their definition
         tree = time_windows_to_derived(tree)
