@@ -380,6 +380,8 @@ class RelationStore:
             size = self.warehouse.file_size(f.uri)
             if size == f.size:
                 if not self.warehouse.is_local:
+                    if len(self._verified) >= 100_000:  # bounded: checked again later
+                        self._verified.clear()
                     self._verified.add(f.uri)
                 continue
             what = rel.label or f"relation {rel.name!r}"
