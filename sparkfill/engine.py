@@ -133,6 +133,17 @@ def _translate(exc: Exception, where: str) -> SparkfillError:
     return SparkfillError(f"{where}: {type(exc).__name__}: {short}")
 
 
+def _is_session(spark: Any) -> bool:
+    """Whether ``spark`` is a classic or a Spark Connect session."""
+    if isinstance(spark, SparkSession):
+        return True
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # the Connect client's extras are not installed
+        return False
+    return isinstance(spark, ConnectSession)
+
+
 def _epoch_number(as_of: Any) -> int:
     """An ``as_of`` argument as an epoch: an integer (or its digits as a string)."""
     if isinstance(as_of, numbers.Integral) and not isinstance(as_of, bool):
@@ -185,6 +196,13 @@ class Engine:
         object-store warehouse needs a PostgreSQL ``meta``. An unknown scheme raises
         ``SparkfillError`` and creates nothing."""
         self._closed = True
+        if isinstance(retain_epochs, bool) or not isinstance(retain_epochs, int) \
+                or retain_epochs < 0:
+            raise InvalidOption(f"retain_epochs is a number of epochs (an integer >= 0), not "
+                                f"{retain_epochs!r}")
+        if spark is not None and not _is_session(spark):
+            raise SparkfillError(f"spark is a SparkSession (classic or Spark Connect) or None, "
+                                 f"not {type(spark).__name__}")
         self.read_only = read_only
         self.warehouse = Warehouse(warehouse, storage_options)
         #: the warehouse folder (a Path) or, on an object store, its URI
@@ -202,7 +220,11 @@ class Engine:
                 raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a "
                                         "read-only open needs one that exists")
             if not read_only:
-                self.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.path.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:  # a file there, no permission, a read-only disk
+                    raise SparkfillError(f"warehouse {self.path}: cannot create its folder: "
+                                         f"{exc.strerror or exc}") from None
             self._lock = WriterLock(self.path / "writer.lock")
             if not read_only:
                 self._lock.acquire()

@@ -960,7 +960,36 @@ class ApiCalls:
         if choice == 10:
             name = self.name()
             return ApiCall(f"relation({name!r})", lambda: eng.relation(name), False)
+        if choice == 11 and rng.random() < 0.5:
+            return self.open(eng)
         return ApiCall("session_options()", eng.session_options, False)
+
+    def open(self, eng: Any) -> ApiCall:
+        """``Engine(...)`` with odd arguments (opened, then closed); never ``spark=None``,
+        which would build a session of the engine's own and stop it on close."""
+        from sparkfill import Engine
+
+        rng = self.rng
+        location = rng.choice([f"wh_{rng.randint(0, 3)}", str(eng.path),
+                               f"{eng.path}/meta.sqlite", "/proc/sparkfill", "", "ftp://x/y",
+                               "s3://", odd_values(rng)])
+        kwargs: dict[str, Any] = {"spark": eng.spark}
+        if rng.random() < 0.3:
+            kwargs["spark"] = rng.choice(["spark", 5, _Weird()])
+        if rng.random() < 0.3:
+            kwargs["meta"] = rng.choice([5, "", "mysql://x", "postgresql://u@127.0.0.1:1/db",
+                                         odd_values(rng)])
+        if rng.random() < 0.3:
+            kwargs["retain_epochs"] = rng.choice(["x", -1, 2.5, True, 0, 10**30, odd_values(rng)])
+        if rng.random() < 0.3:
+            kwargs["storage_options"] = rng.choice([{}, [1], "x", {"a": 1}, odd_values(rng)])
+        if rng.random() < 0.3:
+            kwargs["read_only"] = True
+
+        def open_close() -> None:
+            Engine(location, **kwargs).close()
+        shown = {k: v for k, v in kwargs.items() if k != "spark" or not hasattr(v, "conf")}
+        return ApiCall(f"Engine({_short(location)}, **{_short(shown)})", open_close, True)
 
 
 def _short(value: Any, limit: int = 160) -> str:

@@ -153,3 +153,32 @@ def test_statement_without_a_relation_name(engine, sql):
     state = warehouse_state(engine.path)
     refused(SqlError, lambda: engine.sql(sql), "needs the name of a relation")
     assert warehouse_state(engine.path).diff(state) == []
+
+
+def test_engine_arguments(spark, tmp_path, monkeypatch):
+    """Engine(...) with arguments of the wrong type or value: the fuzzer found raw
+    TypeError, ValueError, FileNotFoundError and OSError, an AttributeError through
+    the catch-all, and warehouses opened in folders named "None" or "[1]"."""
+    from sparkfill import Engine, InvalidOption
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("")
+    cases = [
+        (SparkfillError, (None,), {}, "path or a uri"),
+        (SparkfillError, (123,), {}, "path or a uri"),
+        (SparkfillError, (b"wh",), {}, "path or a uri"),
+        (SparkfillError, ([1],), {}, "path or a uri"),
+        (SparkfillError, ("",), {}, "not a path"),
+        (SparkfillError, ("x\x00y",), {}, "not a path"),
+        (SparkfillError, (str(tmp_path / "a_file"),), {}, "cannot create its folder"),
+        (SparkfillError, ("wh",), {"spark": "spark"}, "SparkSession"),
+        (InvalidOption, ("wh",), {"meta": 5}, "meta"),
+        (InvalidOption, ("wh",), {"retain_epochs": "x"}, "retain_epochs"),
+        (InvalidOption, ("wh",), {"retain_epochs": -1}, "retain_epochs"),
+        (InvalidOption, ("wh",), {"storage_options": [1]}, "storage_options"),
+        (InvalidOption, ("wh",), {"storage_options": {"a": 1}}, "storage_options"),
+    ]
+    for exc_type, args, kwargs, words in cases:
+        refused(exc_type, lambda a=args, k=kwargs: Engine(*a, **{"spark": spark, **k}), words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"], "a refused open created"
+    Engine("wh", spark=spark, retain_epochs=0).close()  # the same, right, opens

@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from ..errors import SparkfillError
+from ..errors import InvalidOption, SparkfillError
 from .object_files import filesystem_for
 
 __all__ = ["Warehouse", "OBJECT_STORE_SCHEMES"]
@@ -47,7 +47,18 @@ class Warehouse:
 
     def __init__(self, location: str | Path,
                  storage_options: dict[str, str] | None = None) -> None:
-        text = str(location)
+        if not isinstance(location, str | os.PathLike) or isinstance(location, bytes):
+            raise SparkfillError(f"a warehouse is a path or a URI (a string), not "
+                                 f"{type(location).__name__} {_shown(location)}")
+        text = str(os.fspath(location))
+        if not text.strip() or "\x00" in text:
+            raise SparkfillError(f"warehouse {text!r}: not a path or a URI")
+        if storage_options is not None and not (
+                isinstance(storage_options, dict)
+                and all(isinstance(k, str) and isinstance(v, str)
+                        for k, v in storage_options.items())):
+            raise InvalidOption(f"storage_options is a dict of strings (delta-rs's keys, e.g. "
+                                f"AWS_ENDPOINT_URL), not {_shown(storage_options)}")
         m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
         self.storage_options: dict[str, str] = dict(storage_options or {})
         if m is None or m.group(1).lower() == "file":
@@ -275,6 +286,11 @@ class Warehouse:
     def create_delta(self, uri: str, schema: pa.Schema) -> None:
         DeltaTable.create(uri, schema, mode="error",
                           storage_options=self.storage_options or None)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _option(options: dict[str, str], key: str, default: str) -> str:
