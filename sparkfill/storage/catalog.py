@@ -7,6 +7,7 @@ dataflow; the in-memory catalog always mirrors the meta store's committed rows.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,8 +21,22 @@ from .schema import Column
 __all__ = ["Relation", "Catalog", "check_not_reserved"]
 
 
+#: the longest relation name, in UTF-8 bytes: a relation's folder is named after it
+#: (with its id, and a state table's role), within a file name's 255 bytes
+MAX_NAME_BYTES = 100
+
+
 def check_not_reserved(name: str) -> None:
-    """Refuse a user's relation name in the namespace of internal relations."""
+    """Refuse a user's relation name in the namespace of internal relations, or one
+    that cannot name the relation's folder: only letters, digits and underscores
+    (Spark reads a folder with ``[`` or ``{`` in its name as a glob and one with ``:``
+    as a URI, delta-rs decodes ``%20``, and ``/`` or ``..`` would leave the
+    warehouse's ``relations`` folder)."""
+    if not re.fullmatch(r"\w+", name):
+        raise SqlError(f"relation name {name!r}: a relation is named by letters, digits and "
+                       "underscores (its data lives in a folder named after it)")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise SqlError(f"relation name {name[:40]!r}...: longer than {MAX_NAME_BYTES} bytes")
     if name.lower().startswith("__sf_"):
         raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
 
