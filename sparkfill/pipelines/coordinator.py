@@ -264,16 +264,20 @@ class EpochCoordinator:
         limit = self.meta.get("max_concurrent_creating_jobs")
         if limit is None:
             return set()
-        waiting = []
+        waiting: list[list[int]] = []
         slots = int(limit)
         for r in self.catalog.all():
-            if r.kind != "mv" or r.state != "creating":
+            if r.kind != "mv" or r.state != "creating" or r.owner is not None:
                 continue
-            if any(p.state != "not_started" for p in self.meta.progress(r.id)):
+            # a job is the MV with its links, which wait or run together: an MV reads
+            # a link created with it from birth, every change of it as it comes, so it
+            # cannot wait while the link runs (it would miss the link's first rows)
+            job = [r, *self.catalog.internals_of(r)]
+            if any(p.state != "not_started" for m in job for p in self.meta.progress(m.id)):
                 slots -= 1  # a started job keeps its slot: its MV already holds rows
             else:
-                waiting.append(r.id)
-        return set(waiting[max(0, slots):])
+                waiting.append([m.id for m in job])
+        return {i for job in waiting[max(0, slots):] for i in job}
 
     def _budget_of(self, mv: Relation) -> int:
         assert mv.options is not None
