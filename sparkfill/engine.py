@@ -632,6 +632,29 @@ class Engine:
                 f"it once progress({rel.name!r}).state is 'created'")
         return LeafInfo(rel.name, rel.columns, rel.key)
 
+    def _refuse_drop(self, rel: Relation, dropped_too: Sequence[str] = ()) -> list[Relation]:
+        """Raise unless ``rel`` can be dropped (no sink writes it, no MV reads it but
+        those named in ``dropped_too``, which go with it); the relations it owns,
+        which go with it (a source's dead-letter table)."""
+        owner = self.sources.owner_of_dead_letters(rel)
+        if owner is not None:
+            raise SqlError(f"{rel.name!r} is the dead-letter table of source "
+                           f"{self.catalog.get_by_id(owner.rel_id).name!r}; it is dropped "
+                           "with that table")
+        source = self.sources.source_of(rel)
+        owned = ([self.catalog.get_by_id(source.dead_letter_id)]
+                 if source is not None and source.dead_letter_id is not None else [])
+        also = {n.lower() for n in dropped_too}
+        for r in (rel, *owned):
+            self.sinks.refuse_drop(r)
+            dependents = [d for d in self.catalog.dependents(r.name)
+                          if d.name.lower() not in also]
+            if dependents:
+                raise DependentObjects(
+                    f"cannot drop {rel.name!r}: materialized view(s) "
+                    f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
+        return owned
+
     def _drop(self, cmd: Drop) -> None:
         rel = self.catalog.find(cmd.name)
         if rel is None or rel.internal:
@@ -643,21 +666,7 @@ class Engine:
             actual = "a table" if rel.kind == "table" else "a materialized view"
             raise SqlError(f"{cmd.name!r} is {actual}; use DROP "
                            f"{'TABLE' if rel.kind == 'table' else 'MATERIALIZED VIEW'}")
-        owner = self.sources.owner_of_dead_letters(rel)
-        if owner is not None:
-            raise SqlError(f"{rel.name!r} is the dead-letter table of source "
-                           f"{self.catalog.get_by_id(owner.rel_id).name!r}; it is dropped "
-                           "with that table")
-        source = self.sources.source_of(rel)
-        owned = ([self.catalog.get_by_id(source.dead_letter_id)]
-                 if source is not None and source.dead_letter_id is not None else [])
-        for r in (rel, *owned):
-            self.sinks.refuse_drop(r)
-            dependents = self.catalog.dependents(r.name)
-            if dependents:
-                raise DependentObjects(
-                    f"cannot drop {rel.name!r}: materialized view(s) "
-                    f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
+        owned = self._refuse_drop(rel)
         ids = {r.id for r in (rel, *owned)}
         staged = [b.path for b in self.meta.staged() if b.rel_id in ids]
         # an MV goes with its join chain's links; each MV with its state tables
@@ -716,10 +725,15 @@ class Engine:
     def _cancel_jobs(self, cmd: CancelJobs) -> None:
         rels = [self.catalog.get(n) for n in cmd.names]
         for rel in rels:
+            if rel.internal:
+                raise UnknownRelation(f"no materialized view named {rel.name!r}")
             if rel.kind != "mv" or rel.state != "creating":
                 raise SqlError(f"{rel.name!r} has no creating job to cancel")
+        # every check before the first drop: a refused CANCEL cancels none of them
         for rel in rels:
-            self._drop(Drop("mv", rel.name))
+            self._refuse_drop(rel, cmd.names)
+        for rel in sorted({r.id: r for r in rels}.values(), key=lambda r: -r.id):
+            self._drop(Drop("mv", rel.name))  # readers first
         return None
 
     def _set(self, cmd: SetOption) -> None:

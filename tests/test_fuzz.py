@@ -228,3 +228,22 @@ def test_a_job_waits_for_a_slot_with_its_links(engine):
     assert eng.progress("sess").state == "created"
     assert eng.read("sess").count() == 2
     assert eng.verify("sess").count() == 0 and eng.verify("top2").count() == 0
+
+
+def test_cancel_jobs_is_all_or_nothing(engine, tmp_path):
+    """CANCEL JOBS a, b dropped a, then found b could not go (a sink writes it) and
+    raised, a changed: the fuzzer's check of the warehouse after a refusal saw it."""
+    from sparkfill import DependentObjects
+
+    eng = engine
+    eng.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+    eng.sql("CREATE MATERIALIZED VIEW a AS SELECT id, v FROM t")
+    eng.sql("CREATE MATERIALIZED VIEW b AS SELECT id, v + 1 AS w FROM t")
+    eng.sql(f"CREATE SINK s FROM b WITH (connector = 'delta', path = '{tmp_path / 's'}')")
+    state = warehouse_state(eng.path, tmp_path)
+    refused(DependentObjects, lambda: eng.sql("CANCEL JOBS a, b"), "sink")
+    assert warehouse_state(eng.path, tmp_path).diff(state) == []
+    assert {j.name for j in eng.progress()} == {"a", "b"}
+    eng.sql("DROP SINK s")
+    eng.sql("CANCEL JOBS a, b")
+    assert eng.progress() == []
