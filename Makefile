@@ -9,6 +9,10 @@
 #   make bench-nexmark - every Nexmark query created online and dropped one after another in
 #                 one warehouse whose history grows (1,000 events per epoch), each checked by
 #                 VERIFY at every epoch once created (appends to bench/RESULTS.md)
+#   make torture - the statement fuzzer at scale: N fuzzed statements and API calls from
+#                 SEED (default 10,000 from 1; tests/torture.py), printing how many were tried,
+#                 accepted, refused with a SparkfillError, internal errors and warehouses a
+#                 refused call changed (both must be 0), then the damaged-file cases
 #   make clean  - remove caches and generated warehouses (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -17,6 +21,9 @@ PYTEST_ARGS ?= --durations=25
 # pytest-xdist workers of the main run (each its own Spark session; the suite's
 # Spark jobs are small, so two workers on two cores take about 0.7x one's time)
 WORKERS ?= 2
+# make torture's seed and number of fuzzed statements and API calls
+SEED ?= 1
+N ?= 10000
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -29,7 +36,7 @@ SHELL := /bin/bash
 WITH_JAVA = JAVA_HOME="$$(bash scripts/ensure_java.sh | tail -n 1)"; \
 	export JAVA_HOME; export PATH="$$JAVA_HOME/bin:$$PATH";
 
-.PHONY: demo test venv java lint bench bench-nexmark clean distclean
+.PHONY: demo test venv java lint bench bench-nexmark torture clean distclean
 
 demo: venv
 	@$(WITH_JAVA) exec $(VPY) -m sparkfill.demo
@@ -69,6 +76,10 @@ bench: venv
 bench-nexmark: venv
 	@$(WITH_JAVA) exec $(VPY) bench/nexmark_bench.py --events 1000 --history 5 --epochs 2 \
 		--out bench/RESULTS.md
+
+torture: venv
+	@$(WITH_JAVA) $(VPY) tests/torture.py --seed $(SEED) --n $(N)
+	@$(WITH_JAVA) $(VPY) -m pytest -q -p no:xdist tests/test_damaged_files.py
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

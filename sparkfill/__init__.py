@@ -10,6 +10,7 @@ from importlib.metadata import version as _version
 from .engine import Engine
 from .errors import (
     CatalogError,
+    DamagedFile,
     DataError,
     DependentObjects,
     EngineClosed,
@@ -53,6 +54,7 @@ __all__ = [
     "EngineClosed",
     "SourceError",
     "SinkError",
+    "DamagedFile",
 ]
 
 try:  # the installed distribution's version (pyproject.toml is its one source)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import numbers
 import random
 import re
 import uuid
@@ -137,6 +138,28 @@ def _translate(exc: Exception, where: str) -> SparkfillError:
     return SparkfillError(f"{where}: {type(exc).__name__}: {short}")
 
 
+def _is_session(spark: Any) -> bool:
+    """Whether ``spark`` is a classic or a Spark Connect session."""
+    if isinstance(spark, SparkSession):
+        return True
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # the Connect client's extras are not installed
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def _epoch_number(as_of: Any) -> int:
+    """An ``as_of`` argument as an epoch: an integer (or its digits as a string)."""
+    if isinstance(as_of, numbers.Integral) and not isinstance(as_of, bool):
+        return int(as_of)
+    if isinstance(as_of, str) and re.fullmatch(r"\s*[+-]?\d+\s*", as_of):
+        return int(as_of)
+    text = repr(as_of)
+    raise EpochNotRetained(f"as_of names an epoch, an integer; got {type(as_of).__name__} "
+                           f"{text if len(text) <= 80 else text[:80] + '...'}")
+
+
 def _boundary(method: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -178,6 +201,13 @@ class Engine:
         object-store warehouse needs a PostgreSQL ``meta``. An unknown scheme raises
         ``SparkfillError`` and creates nothing."""
         self._closed = True
+        if isinstance(retain_epochs, bool) or not isinstance(retain_epochs, int) \
+                or retain_epochs < 0:
+            raise InvalidOption(f"retain_epochs is a number of epochs (an integer >= 0), not "
+                                f"{retain_epochs!r}")
+        if spark is not None and not _is_session(spark):
+            raise SparkfillError(f"spark is a SparkSession (classic or Spark Connect) or None, "
+                                 f"not {type(spark).__name__}")
         self.read_only = read_only
         self.warehouse = Warehouse(warehouse, storage_options)
         #: the warehouse folder (a Path) or, on an object store, its URI
@@ -195,7 +225,11 @@ class Engine:
                 raise WarehouseReadOnly(f"{self.path} is not a sparkfill warehouse; a "
                                         "read-only open needs one that exists")
             if not read_only:
-                self.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.path.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:  # a file there, no permission, a read-only disk
+                    raise SparkfillError(f"warehouse {self.path}: cannot create its folder: "
+                                         f"{exc.strerror or exc}") from None
             self._lock = WriterLock(self.path / "writer.lock")
             if not read_only:
                 self._lock.acquire()
@@ -303,12 +337,20 @@ class Engine:
         """Run and commit one epoch: stage the sources' input for it, run it, and
         bring the sinks up to it."""
         self._writable("step()")
-        self.sinks.sync(self.catalog, self.meta.committed_epoch)  # behind after a crash
+        behind: list[str] = []
+        try:  # behind after a crash; one that cannot catch up (an MV's data file damaged
+            # by hand) must not keep the epoch that repairs it from running
+            self.sinks.sync(self.catalog, self.meta.committed_epoch)
+        except Exception as exc:  # noqa: BLE001 - the sync after the epoch retries it
+            behind.append(f"a sink could not catch up before epoch "
+                          f"{self.meta.committed_epoch + 1} (retried after it): "
+                          f"{_translate(exc, 'sink')}")
+            LOG.warning(behind[-1])
         self.sources.stage(self.catalog, self.meta.committed_epoch + 1)
         report = self.coordinator.step()
         # the epoch is committed: a sink that cannot write now is reported and
         # brought up to date by a later step
-        warnings = list(report.warnings)
+        warnings = behind + list(report.warnings)
         try:
             self.sinks.sync(self.catalog, report.epoch)
         except Exception as exc:  # noqa: BLE001 - the epoch stands; retried next step
@@ -361,7 +403,7 @@ class Engine:
 
     def _epoch_for_read(self, rel: Relation, as_of: int | None) -> int:
         committed = self.meta.committed_epoch
-        epoch = committed if as_of is None else int(as_of)
+        epoch = committed if as_of is None else _epoch_number(as_of)
         if epoch > committed or epoch < 0:
             raise EpochNotRetained(f"epoch {epoch} is not committed (committed epoch: "
                                    f"{committed})")
@@ -408,7 +450,7 @@ class Engine:
         for rel in self.catalog.all():
             if rel.internal or (rel.kind == "mv" and rel.state != "created"):
                 continue
-            epoch = self.meta.committed_epoch if as_of is None else int(as_of)
+            epoch = self.meta.committed_epoch if as_of is None else _epoch_number(as_of)
             if epoch < rel.created_epoch or (rel.ready_epoch or 0) > epoch:
                 continue
             self._snapshot(rel, self._epoch_for_read(rel, epoch)) \
@@ -691,6 +733,29 @@ class Engine:
                 f"it once progress({rel.name!r}).state is 'created'")
         return LeafInfo(rel.name, rel.columns, rel.key)
 
+    def _refuse_drop(self, rel: Relation, dropped_too: Sequence[str] = ()) -> list[Relation]:
+        """Raise unless ``rel`` can be dropped (no sink writes it, no MV reads it but
+        those named in ``dropped_too``, which go with it); the relations it owns,
+        which go with it (a source's dead-letter table)."""
+        owner = self.sources.owner_of_dead_letters(rel)
+        if owner is not None:
+            raise SqlError(f"{rel.name!r} is the dead-letter table of source "
+                           f"{self.catalog.get_by_id(owner.rel_id).name!r}; it is dropped "
+                           "with that table")
+        source = self.sources.source_of(rel)
+        owned = ([self.catalog.get_by_id(source.dead_letter_id)]
+                 if source is not None and source.dead_letter_id is not None else [])
+        also = {n.lower() for n in dropped_too}
+        for r in (rel, *owned):
+            self.sinks.refuse_drop(r)
+            dependents = [d for d in self.catalog.dependents(r.name)
+                          if d.name.lower() not in also]
+            if dependents:
+                raise DependentObjects(
+                    f"cannot drop {rel.name!r}: materialized view(s) "
+                    f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
+        return owned
+
     def _drop(self, cmd: Drop) -> None:
         rel = self.catalog.find(cmd.name)
         if rel is None or rel.internal:
@@ -702,21 +767,7 @@ class Engine:
             actual = "a table" if rel.kind == "table" else "a materialized view"
             raise SqlError(f"{cmd.name!r} is {actual}; use DROP "
                            f"{'TABLE' if rel.kind == 'table' else 'MATERIALIZED VIEW'}")
-        owner = self.sources.owner_of_dead_letters(rel)
-        if owner is not None:
-            raise SqlError(f"{rel.name!r} is the dead-letter table of source "
-                           f"{self.catalog.get_by_id(owner.rel_id).name!r}; it is dropped "
-                           "with that table")
-        source = self.sources.source_of(rel)
-        owned = ([self.catalog.get_by_id(source.dead_letter_id)]
-                 if source is not None and source.dead_letter_id is not None else [])
-        for r in (rel, *owned):
-            self.sinks.refuse_drop(r)
-            dependents = self.catalog.dependents(r.name)
-            if dependents:
-                raise DependentObjects(
-                    f"cannot drop {rel.name!r}: materialized view(s) "
-                    f"{', '.join(d.name for d in dependents)} read {r.name!r}; drop them first")
+        owned = self._refuse_drop(rel)
         replacement = self.catalog.replacement_of(rel) if rel.kind == "mv" else None
         if replacement is not None:
             self._drop_relations(replacement)
@@ -801,15 +852,21 @@ class Engine:
     def _cancel_jobs(self, cmd: CancelJobs) -> None:
         rels = [self.catalog.get(n) for n in cmd.names]
         for rel in rels:
-            if rel.internal or rel.kind != "mv" or (
-                    rel.state != "creating" and self.catalog.replacement_of(rel) is None):
+            if rel.internal:
+                raise UnknownRelation(f"no materialized view named {rel.name!r}")
+            if rel.kind != "mv" or (rel.state != "creating"
+                                    and self.catalog.replacement_of(rel) is None):
                 raise SqlError(f"{rel.name!r} has no creating job to cancel")
+        # every check before the first drop: a refused CANCEL cancels none of them
         for rel in rels:
+            if self.catalog.replacement_of(rel) is None:
+                self._refuse_drop(rel, cmd.names)
+        for rel in sorted({r.id: r for r in rels}.values(), key=lambda r: -r.id):
             replacement = self.catalog.replacement_of(rel)
             if replacement is not None:  # the MV keeps its definition
                 self._drop_relations(replacement)
             else:
-                self._drop(Drop("mv", rel.name))
+                self._drop(Drop("mv", rel.name))  # readers first
         return None
 
     def _set(self, cmd: SetOption) -> None:
@@ -935,6 +992,9 @@ class Engine:
     def explain(self, statement: str) -> str:
         """The operator plan of ``CREATE MATERIALIZED VIEW ...`` (or of an existing
         MV, by name) as an indented tree with each operator's key and state tables."""
+        if not isinstance(statement, str):
+            raise SqlError("EXPLAIN takes CREATE MATERIALIZED VIEW ... or an MV's name (a "
+                           f"string), not {type(statement).__name__}")
         if re.match(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*$", statement):
             return explain_existing(self.catalog, statement.strip())
         cmd = parse_statement(statement)

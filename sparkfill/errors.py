@@ -29,6 +29,7 @@ __all__ = [
     "EngineClosed",
     "SourceError",
     "SinkError",
+    "DamagedFile",
 ]
 
 
@@ -114,3 +115,9 @@ class SourceError(SparkfillError):
 
 class SinkError(SparkfillError):
     """A sink cannot write its output (path, Delta table, column names)."""
+
+
+class DamagedFile(SparkfillError):
+    """A data file a committed epoch of a relation references is missing, or is not
+    the file that was written (truncated or overwritten by hand): the message names
+    the relation and the file."""

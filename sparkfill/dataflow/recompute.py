@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 from ..sql.planner import JOIN_KEY, WINDOW_PART
 from ..storage.catalog import Relation
 from ..storage.relation_store import RelationStore
-from ..storage.schema import names_sql
+from ..storage.schema import OP, names_sql
 from . import aggregate, join, project, union, window
 from .change import Change, Emit
 from .changelog import consolidate, union_all
@@ -125,10 +125,18 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
     return targets
 
 
+#: a repair's write of a relation whose files at ``e-1`` are damaged: its rows at ``e``
+#: (columns + ``_vnode``) in place of every file, and its Δ, for the relations that
+#: read it in ``e`` (``EpochAppends.replace``)
+Replace = Callable[[Relation, DataFrame, DataFrame], None]
+
+
 def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
               states: Sequence[Relation], leaf_rows: Sequence[DataFrame],
               changes: Sequence[Change | None], leaf_counts: Sequence[int], epoch: int,
-              emit: Emit, rows_hint: int, whole: bool = False) -> DataFrame | None:
+              emit: Emit, rows_hint: int, whole: bool = False,
+              rows_before: Callable[[], Sequence[DataFrame]] | None = None,
+              replace: Replace | None = None) -> DataFrame | None:
     """Recompute a created MV in ``epoch`` from its leaves' rows at ``epoch``
     (``leaf_rows``, about ``leaf_counts`` rows each; ``changes``: each leaf's change
     this epoch): append each state table's difference from ``epoch - 1`` (``emit``)
@@ -138,11 +146,30 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
     Unless ``whole`` (a repair: what a relation holds is not trusted), rows that are a
     leaf's rows one by one (``Target.leaf``) differ from ``epoch - 1`` by exactly their
     leaf's change mapped row by row: that is their difference, at the cost of the
-    change, not of a comparison of the whole relation."""
+    change, not of a comparison of the whole relation.
+
+    In a repair, a relation whose data files at ``epoch - 1`` are damaged (deleted or
+    truncated by hand: ``RelationStore.damaged``) is not read: its rows at ``epoch - 1``
+    are what the MV held then, ``contents`` over the leaves' rows at ``epoch - 1``
+    (``rows_before()``), so its difference is the change an incremental epoch would
+    have written; its rows at ``epoch`` are written in place of every file
+    (``replace``), and None stands for its difference here (it was written)."""
     targets = contents(mv, leaves, states,
                        lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
     deltas: list[DataFrame | None] = []
-    for target in targets:
+    before: list[Target] | None = None
+    for i, target in enumerate(targets):
+        if (whole and replace is not None and rows_before is not None
+                and store.damaged(target.rel.stored, epoch - 1)):
+            if before is None:
+                before = _before(mv, leaves, states, rows_before(), leaf_counts)
+            rel, names = target.rel, [c.name for c in target.rel.columns]
+            rows = target.rows.selectExpr(*names_sql(names))
+            replace(rel, consolidate(None, rows, names, rel.key, target.dist or None).drop(OP),
+                    consolidate(before[i].rows.selectExpr(*names_sql(names)), rows, names,
+                                rel.key, target.dist or None))
+            deltas.append(None)
+            continue
         if target.leaf is None or whole:
             deltas.append(difference(store, target, epoch))
             continue
@@ -152,6 +179,14 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
         if delta is not None:
             emit(target.rel, delta, rows_hint)
     return deltas[-1]
+
+
+def _before(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
+            leaf_rows: Sequence[DataFrame], leaf_counts: Sequence[int]) -> list[Target]:
+    """``contents`` over the leaves' rows at ``e-1``: what the MV and its state tables
+    held then."""
+    return contents(mv, leaves, states,
+                    lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
 
 
 def mapped_change(mv: Relation, states: Sequence[Relation], target: Target,

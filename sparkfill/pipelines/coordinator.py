@@ -56,6 +56,7 @@ from ..dataflow.change import Deferred, Emit, StateDelta, change_of
 from ..dataflow.changelog import after_images
 from ..dataflow.mv import DataflowResult, MvDataflow
 from ..dataflow.recompute import recompute
+from ..dataflow.topn import rebuilt_top_n
 from ..progress import EpochReport, JobProgress, RefreshChoice
 from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation
@@ -199,6 +200,21 @@ class EpochAppends:
         self.counts[rel.id] = counts
         return delta
 
+    def replace(self, rel: Relation, rows: DataFrame, delta: DataFrame) -> None:
+        """A repair of a relation whose data files at ``e-1`` are damaged (``ALTER ...
+        RECOMPUTE``): its ``rows`` at this epoch (columns + ``_vnode``) written as its
+        new base in place of every file (none is read), and ``delta`` — its difference
+        from its rows at ``e-1`` as recomputed from its leaves — its Δ for the
+        relations that read it this epoch (cached: computed once; released after the
+        commit). Its changelog of this epoch is not kept: a sink behind it rewrites
+        its table from the new base."""
+        delta = delta.persist()
+        self.cached.append(delta)
+        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
+        self.versions[rel.id] = version
+        self.counts[rel.id] = counts
+        self.deltas[rel.id] = delta
+
     def rows(self, rel_id: int) -> int:
         return sum(self.counts.get(rel_id, {}).values())
 
@@ -207,21 +223,26 @@ def queued_jobs(meta: MetaStore, catalog: Catalog,
                 progress: dict[int, list[ProgressRow]] | None = None) -> set[int]:
     """Creating jobs waiting for a slot (``max_concurrent_creating_jobs``), the later
     ones in creation order; ``progress``: every MV's rows (``MetaStore.all_progress``),
-    else read per MV."""
+    else read per MV. A job is an MV with its join chain's links, which wait or run
+    together: an MV reads a link created with it from birth, every change of it as it
+    comes, so it cannot wait while the link runs (it would miss the link's first
+    rows)."""
     limit = meta.get("max_concurrent_creating_jobs")
     if limit is None:
         return set()
-    waiting = []
+    waiting: list[list[int]] = []
     slots = int(limit)
     for r in catalog.all():
-        if r.kind != "mv" or r.state != "creating":
+        if r.kind != "mv" or r.state != "creating" or r.owner is not None:
             continue
-        rows = meta.progress(r.id) if progress is None else progress.get(r.id, [])
+        job = [r, *catalog.internals_of(r)]
+        rows = [p for m in job for p in (meta.progress(m.id) if progress is None
+                                         else progress.get(m.id, []))]
         if any(p.state != "not_started" for p in rows):
             slots -= 1  # a started job keeps its slot: its MV already holds rows
         else:
-            waiting.append(r.id)
-    return set(waiting[max(0, slots):])
+            waiting.append([m.id for m in job])
+    return {i for job in waiting[max(0, slots):] for i in job}
 
 
 def uses_snapshot_job(rel: Relation) -> bool:
@@ -678,6 +699,10 @@ class EpochCoordinator:
             leaf = leaves[0]
             if rel.state == "created" and leaf.id not in deltas and not repair:
                 return None, [], 0
+            if repair and self.store.damaged(rel.stored, epoch - 1):
+                appends.replace(rel, *rebuilt_top_n(self.store, rel, leaf,
+                                                    deltas.get(leaf.id), epoch))
+                return None, [], 0
             out = DataflowResult(self.dataflow.top_n(rel, leaf, deltas.get(leaf.id), epoch))
             scans = [] if rel.state == "created" else [ScanResult(
                 None, Done(leaf.row_count), epoch - 1, leaf.row_count, [])]
@@ -703,7 +728,10 @@ class EpochCoordinator:
                                  changes,
                                  [leaf.row_count + c.get("+", 0)
                                   for leaf, c in zip(leaves, ops, strict=True)],
-                                 epoch, appends.emitter(), hint, whole=repair)
+                                 epoch, appends.emitter(), hint, whole=repair,
+                                 rows_before=lambda: [self._rows_at(leaf, None, epoch - 1)
+                                                      for leaf in leaves],
+                                 replace=appends.replace)
                 return DataflowResult(diff, recomputed=True), [], hint
             emit = appends.emitter(may_wait=True, may_retract=any(retracts(c) for c in ops))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
@@ -751,12 +779,16 @@ class EpochCoordinator:
         for rel_id in switch.definitions:
             self.refresh.forget(rel_id)  # a new query: its measured costs start over
 
-    def _rows_at(self, leaf: Relation, appends: EpochAppends, epoch: int) -> DataFrame:
+    def _rows_at(self, leaf: Relation, appends: EpochAppends | None, epoch: int) -> DataFrame:
         """The live rows of ``leaf`` at ``epoch``, this epoch's append included (not
-        committed yet: read from the Delta version the append made)."""
-        version = appends.versions.get(leaf.id)
-        files = (self.store.files(leaf.stored, version) if version is not None
-                 else self.store.files_at(leaf.stored, epoch - 1))
+        committed yet: read from the Delta version the append made); without
+        ``appends``, at committed ``epoch``."""
+        if appends is None:
+            files = self.store.files_at(leaf.stored, epoch)
+        elif (version := appends.versions.get(leaf.id)) is not None:
+            files = self.store.files(leaf.stored, version)
+        else:  # unchanged this epoch
+            files = self.store.files_at(leaf.stored, epoch - 1)
         rows = self.store.snapshot(leaf.stored, epoch, files=files, bulk=True)
         return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))
 

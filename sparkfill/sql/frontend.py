@@ -314,7 +314,8 @@ def _parse_create_mv(m: re.Match[str]) -> CreateMaterializedView:
     query_sql = as_m.group("query").strip().rstrip(";")
     try:
         query = sqlglot.parse_one(query_sql, read="spark")
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:  # a ParseError, or a TokenError (a quote
+        # or comment left open)
         raise SqlError(f"cannot parse the query of materialized view {name!r}: {exc}") from exc
     or_replace = bool(m.group("orr"))
     if or_replace and m.group("ine"):
@@ -466,8 +467,19 @@ def _tables_of(tree: exp.Expr) -> list[str]:
     return names
 
 
+def _table_name(node: Any, statement: str) -> str:
+    """The name of the relation ``statement`` targets: a table's name, not any other
+    expression the parser found there (``DELETE t WHERE ...`` reads as a boolean)."""
+    if not isinstance(node, exp.Table) or not node.name:
+        shown = node.sql(dialect="spark") if isinstance(node, exp.Expr) else repr(node)
+        raise SqlError(f"{statement} needs the name of a relation, not {shown[:60]!r}")
+    return str(node.name)
+
+
 def parse_statement(sql: str) -> Command:
-    if not isinstance(sql, str) or not sql.strip():
+    if not isinstance(sql, str):
+        raise SqlError(f"a statement is a string, not {type(sql).__name__}")
+    if not sql.strip():
         raise SqlError("empty statement")
     m = _EXPLAIN.match(sql)
     if m:
@@ -530,7 +542,7 @@ def parse_statement(sql: str) -> Command:
         return SetOption(name, validate_option(name, _literal(m.group("value"))))
     try:
         trees = sqlglot.parse(sql, read="spark")
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:  # ParseError, TokenError
         raise SqlError(f"cannot parse statement: {exc}") from exc
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:
@@ -549,7 +561,7 @@ def parse_statement(sql: str) -> Command:
         tables = tree.args.get("tables") or [tree.this]
         if len(tables) != 1:
             raise SqlError("DROP one relation at a time")
-        name = tables[0].name
+        name = _table_name(tables[0], f"DROP {kind}".strip())
         if kind == "TABLE":
             return Drop("table", name, bool(tree.args.get("exists")))
         if kind == "VIEW" and tree.args.get("materialized"):
@@ -566,7 +578,8 @@ def parse_statement(sql: str) -> Command:
         if not isinstance(values, exp.Values):
             raise UnsupportedQuery("only INSERT INTO t [(cols)] VALUES (...) is supported; "
                                    "use Engine.insert(table, dataframe) for query results")
-        return InsertValues(target.name, columns, values.sql(dialect="spark"))
+        return InsertValues(_table_name(target, "INSERT INTO"), columns,
+                            values.sql(dialect="spark"))
     if isinstance(tree, exp.Update):
         if tree.args.get("from") or tree.args.get("from_"):
             raise UnsupportedQuery("UPDATE ... FROM is not supported")
@@ -576,11 +589,12 @@ def parse_statement(sql: str) -> Command:
                 raise SqlError(f"bad SET item {eq.sql(dialect='spark')!r}")
             assignments.append((eq.this.name, eq.expression.sql(dialect="spark")))
         where = tree.args.get("where")
-        return Update(tree.this.name, assignments,
+        return Update(_table_name(tree.this, "UPDATE"), assignments,
                       None if where is None else where.this.sql(dialect="spark"))
     if isinstance(tree, exp.Delete):
         where = tree.args.get("where")
-        return Delete(tree.this.name, None if where is None else where.this.sql(dialect="spark"))
+        return Delete(_table_name(tree.this, "DELETE FROM"),
+                      None if where is None else where.this.sql(dialect="spark"))
     if isinstance(tree, exp.Query):
         # a query runs on Spark as written, TUMBLE and HOP (not Spark's) as their definition
         tree = time_windows_to_derived(tree)

@@ -1148,7 +1148,7 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
 def parse_query(sql: str) -> exp.Expr:
     try:
         return sqlglot.parse_one(sql, read="spark")
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:  # ParseError, TokenError
         raise SqlError(f"cannot parse query: {exc}") from exc
 
 

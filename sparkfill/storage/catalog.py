@@ -7,6 +7,7 @@ dataflow; the in-memory catalog always mirrors the meta store's committed rows.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,8 +21,22 @@ from .schema import Column
 __all__ = ["Relation", "Catalog", "check_not_reserved"]
 
 
+#: the longest relation name, in UTF-8 bytes: a relation's folder is named after it
+#: (with its id, and a state table's role), within a file name's 255 bytes
+MAX_NAME_BYTES = 100
+
+
 def check_not_reserved(name: str) -> None:
-    """Refuse a user's relation name in the namespace of internal relations."""
+    """Refuse a user's relation name in the namespace of internal relations, or one
+    that cannot name the relation's folder: only letters, digits and underscores
+    (Spark reads a folder with ``[`` or ``{`` in its name as a glob and one with ``:``
+    as a URI, delta-rs decodes ``%20``, and ``/`` or ``..`` would leave the
+    warehouse's ``relations`` folder)."""
+    if not re.fullmatch(r"\w+", name):
+        raise SqlError(f"relation name {name!r}: a relation is named by letters, digits and "
+                       "underscores (its data lives in a folder named after it)")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise SqlError(f"relation name {name[:40]!r}...: longer than {MAX_NAME_BYTES} bytes")
     if name.lower().startswith("__sf_"):
         raise SqlError(f"names starting with __sf_ are reserved for state tables: {name!r}")
 
@@ -61,6 +76,11 @@ class Relation:
             if epoch <= until:
                 return replace(self, columns=columns, sql=sql)
         return self
+    #: what messages call it (``table 't'``, ``materialized view 'm'``, an internal
+    #: relation as a part of the MV that owns it) and how a damaged data file of it
+    #: is repaired; set by the catalog, not persisted
+    label: str = ""
+    repair: str = ""
 
     @property
     def internal(self) -> bool:
@@ -70,7 +90,8 @@ class Relation:
 
     @property
     def stored(self) -> StoredRelation:
-        return StoredRelation(self.id, self.name, self.dir, self.columns, self.key)
+        return StoredRelation(self.id, self.name, self.dir, self.columns, self.key,
+                              self.label, self.repair)
 
     @property
     def visible_columns(self) -> list[Column]:
@@ -124,6 +145,36 @@ class Relation:
                            self.created_epoch, self.row_count, self.dir, self.ready_epoch)
 
 
+def _label(rel: Relation, by_id: dict[int, Relation]) -> tuple[str, str]:
+    """What messages call ``rel`` (an internal relation is a part of its user's MV:
+    messages never name internal relations), and how a damaged data file of it is
+    repaired."""
+    if rel.kind == "table":
+        return (f"table {rel.name!r}", "restore the file from a backup, or drop the table and "
+                "load it again: a table's rows are kept nowhere else")
+    user = rel
+    for _ in range(len(by_id)):  # a state's owner may be a link, owned by the MV
+        if user.owner is None or user.owner not in by_id:
+            break
+        user = by_id[user.owner]
+    repair = (f"ALTER MATERIALIZED VIEW {user.name} RECOMPUTE rebuilds it from its upstreams "
+              "in the next epoch (or drop the materialized view and create it again)")
+    if user is rel:
+        return f"materialized view {rel.name!r}", repair
+    part = "a state table" if rel.kind == "state" else "an internal link"
+    return f"materialized view {user.name!r} ({part} of it)", repair
+
+
+def _lookup_key(name: object) -> str:
+    """A relation name as the catalog keys it; a name that is not a string (an API
+    call's wrong argument) is no relation's."""
+    if not isinstance(name, str):
+        text = repr(name)
+        raise UnknownRelation(f"a relation is named by a string, not by {type(name).__name__} "
+                              f"{text if len(text) <= 80 else text[:80] + '...'}")
+    return name.lower()
+
+
 class Catalog:
     def __init__(self, meta: MetaStore) -> None:
         self.meta = meta
@@ -131,7 +182,9 @@ class Catalog:
         self.reload()
 
     def reload(self) -> None:
-        self._by_name = {r.name.lower(): Relation.from_row(r) for r in self.meta.relations()}
+        rels = {row.id: Relation.from_row(row) for row in self.meta.relations()}
+        self._by_name = {r.name.lower(): replace(r, label=label, repair=repair)
+                         for r in rels.values() for label, repair in [_label(r, rels)]}
 
     def substitute(self, rel: Relation) -> None:
         """Hold ``rel`` in place of the relation of its name until the next
@@ -140,7 +193,7 @@ class Catalog:
         self._by_name[rel.name.lower()] = rel
 
     def get(self, name: str) -> Relation:
-        rel = self._by_name.get(name.lower())
+        rel = self._by_name.get(_lookup_key(name))
         if rel is None:
             known = ", ".join(sorted(r.name for r in self._by_name.values()
                                      if not r.internal)) or "none"
@@ -157,7 +210,7 @@ class Catalog:
         return next((r for r in self._by_name.values() if r.id == rel_id), None)
 
     def find(self, name: str) -> Relation | None:
-        return self._by_name.get(name.lower())
+        return self._by_name.get(_lookup_key(name))
 
     def all(self) -> list[Relation]:
         """Every relation in topological order: each after the relations it reads, an

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from ..errors import InvalidOption, MetaStoreError, WarehouseReadOnly
+from ..errors import InvalidOption, MetaStoreError, SparkfillError, WarehouseReadOnly
 from .warehouse import Warehouse
 
 if TYPE_CHECKING:
@@ -718,6 +718,9 @@ def redact_url(url: str) -> str:
 
 
 def _meta_url(meta: str) -> str:
+    if not isinstance(meta, str):
+        raise InvalidOption(f"meta names a meta store by a postgresql://user@host:port/database "
+                            f"URL (a string), or is None for SQLite; not {type(meta).__name__}")
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", meta)
     if m is None or m.group(1).lower() not in _SCHEMES:
         shown = re.sub(r"(//[^/:@]*):[^/@]*@", r"\1@", meta)  # no password in the message
@@ -734,7 +737,11 @@ def _as_warehouse(warehouse: Warehouse | Path | str) -> Warehouse:
 def _read_meta_file(warehouse: Warehouse | Path | str) -> dict[str, str] | None:
     wh = _as_warehouse(warehouse)
     path = wh.join(META_FILE)
-    text = wh.read_text(path)
+    try:
+        text = wh.read_text(path)
+    except OSError as exc:  # an object store that cannot be reached
+        raise SparkfillError(f"warehouse {wh.uri}: cannot read {META_FILE}: "
+                             f"{' '.join(str(exc).split())}") from None
     if text is None:
         return None
     try:

@@ -51,6 +51,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..errors import DamagedFile
 from .keyrange import Position, gt, values_in, vnode_in
 from .meta_store import MetaStore
 from .object_files import arrow_file_stats
@@ -115,6 +116,10 @@ class StoredRelation:
     dir: str
     columns: tuple[Column, ...]
     key: tuple[str, ...]
+    #: what messages call it (``Relation.label``; its name when not given) and how a
+    #: damaged data file of it is repaired
+    label: str = ""
+    repair: str = ""
 
     @property
     def key_columns(self) -> list[Column]:
@@ -267,6 +272,8 @@ class RelationStore:
         #: date (its new log entries read) when used again: opening a table reads its
         #: checkpoint and log, which an epoch would do ~10-20 times
         self._latest: dict[str, DeltaTable] = {}
+        #: object-store files found whole once (``check_files``)
+        self._verified: set[str] = set()
         #: rows in the files each read selected since the last reset, per reader
         #: (the relation whose Δ the read served)
         self.rows_read: dict[str, int] = defaultdict(int)
@@ -367,6 +374,41 @@ class RelationStore:
 
     # --- reads ----------------------------------------------------------------------------
 
+    def check_files(self, rel: StoredRelation, files: Sequence[DataFile]) -> None:
+        """Raise ``DamagedFile`` naming the relation and the file unless each of
+        ``files`` is there with the size its commit recorded: one deleted, truncated
+        or overwritten by hand would fail a Spark job later with an error that names
+        neither, or be read as other rows. A local file is checked at every read (a
+        stat); an object store's once per process (a request; its files never
+        change)."""
+        damage = self._damage(rel, files)
+        if damage is not None:
+            raise DamagedFile(damage)
+
+    def _damage(self, rel: StoredRelation, files: Sequence[DataFile]) -> str | None:
+        """What is wrong with the first damaged one of ``files`` (None: none is)."""
+        for f in files:
+            if f.uri in self._verified:
+                continue
+            size = self.warehouse.file_size(f.uri)
+            if size == f.size:
+                if not self.warehouse.is_local:
+                    if len(self._verified) >= 100_000:  # bounded: checked again later
+                        self._verified.clear()
+                    self._verified.add(f.uri)
+                continue
+            what = rel.label or f"relation {rel.name!r}"
+            found = ("is missing" if size is None else
+                     f"holds {size} bytes where its commit recorded {f.size} (truncated or "
+                     "overwritten)")
+            return f"{what}: its data file {f.uri} {found}; {rel.repair or 'restore the file'}"
+        return None
+
+    def damaged(self, rel: StoredRelation, epoch: int) -> bool:
+        """Whether a data file of ``rel`` at committed ``epoch`` is damaged
+        (``check_files``): its rows at ``epoch`` cannot be read."""
+        return self._damage(rel, self.files_at(rel, epoch)) is not None
+
     def _read(self, rel: StoredRelation, files: Sequence[DataFile],
               bulk: bool = False, within: VnodeSpan | None = None) -> DataFrame:
         """The rows of ``files``; ``bulk``: they feed work in proportion to their
@@ -377,6 +419,7 @@ class RelationStore:
         schema = physical_struct(rel.columns)
         if not files:
             return empty_frame(self.spark, schema)
+        self.check_files(rel, files)
         rows = sum(self._rows_within(f, within) for f in files)
         self.rows_read[self.reader or rel.name] += rows
         return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files],
@@ -803,9 +846,13 @@ class RelationStore:
         ``+`` the rows written, ``-`` the ``old_rows`` they replace."""
         dt = self._table(rel)
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
-            version = int(dt.version())  # written before a crash: the same rows
-            return version, {"+": sum(f.rows for f in self.files(rel, version)),
-                             "-": old_rows}
+            version = int(dt.version())
+            files = self.files(rel, version)
+            # written before a crash: the same rows (not when the epoch's first attempt
+            # appended a Δ instead, and failed later: a repair of damaged files that
+            # follows it replaces every file)
+            if all(f.kind == "base" and f.compaction_epoch == epoch for f in files):
+                return version, {"+": sum(f.rows for f in files), "-": old_rows}
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
         df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
         observation = Observation(f"sf_rewrite_{uuid.uuid4().hex}")
@@ -849,6 +896,7 @@ class RelationStore:
         version = self.meta.version_at(rel.id, epoch)
         assert version is not None
         log = [f for f in self.files(rel, version) if f.kind == "log"]
+        self.check_files(rel, log)
         schema = physical_arrow_schema(rel.columns)
         rows = pa.concat_tables([self.warehouse.read_parquet(f.uri).select(schema.names)
                                  .cast(schema) for f in log])
@@ -910,6 +958,7 @@ class RelationStore:
         """Link (or, where the filesystem cannot, copy) ``files`` under ``subdir`` as
         base files (statistics from their footers); the log paths stay readable by earlier
         versions until vacuumed."""
+        self.check_files(rel, files)
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         self.meta.add_pending_dir(rel.id, out)

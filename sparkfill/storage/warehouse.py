@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from ..errors import SparkfillError
+from ..errors import InvalidOption, SparkfillError
 from .object_files import filesystem_for
 
 __all__ = ["Warehouse", "OBJECT_STORE_SCHEMES"]
@@ -46,7 +47,18 @@ class Warehouse:
 
     def __init__(self, location: str | Path,
                  storage_options: dict[str, str] | None = None) -> None:
-        text = str(location)
+        if not isinstance(location, str | os.PathLike) or isinstance(location, bytes):
+            raise SparkfillError(f"a warehouse is a path or a URI (a string), not "
+                                 f"{type(location).__name__} {_shown(location)}")
+        text = str(os.fspath(location))
+        if not text.strip() or "\x00" in text:
+            raise SparkfillError(f"warehouse {text!r}: not a path or a URI")
+        if storage_options is not None and not (
+                isinstance(storage_options, dict)
+                and all(isinstance(k, str) and isinstance(v, str)
+                        for k, v in storage_options.items())):
+            raise InvalidOption(f"storage_options is a dict of strings (delta-rs's keys, e.g. "
+                                f"AWS_ENDPOINT_URL), not {_shown(storage_options)}")
         m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", text)
         self.storage_options: dict[str, str] = dict(storage_options or {})
         if m is None or m.group(1).lower() == "file":
@@ -173,6 +185,17 @@ class Warehouse:
     def size(self, uri: str) -> int:
         return int(self.fs.get_file_info(self.fs_path(uri)).size or 0)
 
+    def file_size(self, uri: str) -> int | None:
+        """The size of the file ``uri``; None when there is no such file."""
+        if self.local_path is not None:
+            try:
+                st = os.stat(self.fs_path(uri))
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            return st.st_size if stat.S_ISREG(st.st_mode) else None
+        info = self.fs.get_file_info(self.fs_path(uri))
+        return int(info.size or 0) if info.type == pafs.FileType.File else None
+
     def read_text(self, uri: str) -> str | None:
         """The file's text; None when it does not exist."""
         try:
@@ -263,6 +286,11 @@ class Warehouse:
     def create_delta(self, uri: str, schema: pa.Schema) -> None:
         DeltaTable.create(uri, schema, mode="error",
                           storage_options=self.storage_options or None)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _option(options: dict[str, str], key: str, default: str) -> str:
