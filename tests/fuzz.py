@@ -1239,8 +1239,12 @@ class Fuzzer:
             self._collect_verify(what, result)
 
     def _after_write(self) -> None:
-        self._quiesce()
-        self._trim()
+        try:
+            self._quiesce()
+            self._trim()
+        except Exception as exc:  # noqa: BLE001 - housekeeping's statements must work
+            self.counts.internal.append(("housekeeping", f"{type(exc).__name__}: "
+                                         f"{str(exc)[:300]}", traceback.format_exc(limit=12)))
         self._refresh()
         self._state = self._state_now()
 
@@ -1276,7 +1280,13 @@ class Fuzzer:
     def step(self) -> None:
         """An epoch (housekeeping: it must work)."""
         began = time.time()
-        self.eng.step()
+        try:  # whatever the calls before it left staged, an epoch must run
+            self.eng.step()
+        except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
+            self.counts.internal.append(("step()", f"an epoch failed: {type(exc).__name__}: "
+                                         f"{str(exc)[:300]}", traceback.format_exc(limit=12)))
+            self._state = None
+            return
         self.trace.append(("step",))
         self.counts.steps += 1
         self._after_write()
