@@ -1179,11 +1179,13 @@ class Fuzzer:
             self._housekeeping_drop(victim.name)
             rels = catalog_view(self.eng)
             mvs = [r for r in rels if r.kind == "mv"]
-        tables = [r for r in rels if r.kind == "table" and r.name.startswith("fz_t")]
+        def droppable(rels: list[Rel]) -> list[Rel]:  # (a dead-letter table goes with
+            return [r for r in rels if r.kind == "table" and r.name.startswith("fz_t")
+                    and not r.name.endswith("__dead_letter")]  # its source)
+        tables = droppable(rels)
         while len(tables) > self.limits.tables:
             self._housekeeping_drop(self.rng.choice(tables).name)
-            rels = catalog_view(self.eng)
-            tables = [r for r in rels if r.kind == "table" and r.name.startswith("fz_t")]
+            tables = droppable(catalog_view(self.eng))
 
     # --- one call ---------------------------------------------------------------------
 
