@@ -1158,8 +1158,10 @@ class Fuzzer:
     def _housekeeping_drop(self, name: str) -> None:
         """Drop a relation (and what reads it) as housekeeping, not as a fuzzed call."""
         eng = self.eng
-        for dep in eng.catalog.dependents(name):
-            self._housekeeping_drop(dep.name)
+        for owned in (name, f"{name}__dead_letter"):  # a source's goes with it
+            if eng.catalog.find(owned) is not None:
+                for dep in eng.catalog.dependents(owned):
+                    self._housekeeping_drop(dep.name)
         rel = eng.catalog.find(name)
         if rel is None:
             return
