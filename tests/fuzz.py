@@ -1159,15 +1159,15 @@ class Fuzzer:
         """Drop a relation (and what reads it) as housekeeping, not as a fuzzed call."""
         eng = self.eng
         for owned in (name, f"{name}__dead_letter"):  # a source's goes with it
-            if eng.catalog.find(owned) is not None:
+            if (found := eng.catalog.find(owned)) is not None:
                 for dep in eng.catalog.dependents(owned):
                     self._housekeeping_drop(dep.name)
+                for sink in eng.sinks.sinks_of(found):
+                    eng.sql(f"DROP SINK {q(sink.name)}")
+                    self.trace.append(("sql", f"DROP SINK {q(sink.name)}"))
         rel = eng.catalog.find(name)
         if rel is None:
             return
-        for sink in eng.sinks.sinks_of(rel):
-            eng.sql(f"DROP SINK {q(sink.name)}")
-            self.trace.append(("sql", f"DROP SINK {q(sink.name)}"))
         kind = "TABLE" if rel.kind == "table" else "MATERIALIZED VIEW"
         eng.sql(f"DROP {kind} {q(rel.name)}")
         self.trace.append(("sql", f"DROP {kind} {q(rel.name)}"))
