@@ -1312,11 +1312,20 @@ class Fuzzer:
         self._check(sql, lambda: self.eng.sql(sql), bool(_READS.match(sql)), ("sql", sql))
 
     def run(self, n: int, progress_every: int = 0) -> Counts:
-        """``n`` statements and API calls (an epoch every ``step_every``)."""
+        """``n`` statements and API calls (an epoch every ``step_every``); each new
+        problem is logged as it is found."""
         self._refresh()
         started = time.time()
         for i in range(n):
+            seen = (len(self.counts.internal), len(self.counts.changed),
+                    len(self.counts.inexact))
             self.one()
+            for kind, found, before in zip(("INTERNAL", "CHANGED", "INEXACT"),
+                                           (self.counts.internal, self.counts.changed,
+                                            self.counts.inexact), seen, strict=True):
+                for item in found[before:]:
+                    self.log(f"{kind} at call {i + 1}: " + " | ".join(
+                        str(x) for x in item)[:3000])
             if (i + 1) % self.limits.step_every == 0:
                 self.step()
             if progress_every and (i + 1) % progress_every == 0:
