@@ -1320,14 +1320,14 @@ class Fuzzer:
             seen = (len(self.counts.internal), len(self.counts.changed),
                     len(self.counts.inexact))
             self.one()
+            if (i + 1) % self.limits.step_every == 0:
+                self.step()
             for kind, found, before in zip(("INTERNAL", "CHANGED", "INEXACT"),
                                            (self.counts.internal, self.counts.changed,
                                             self.counts.inexact), seen, strict=True):
                 for item in found[before:]:
                     self.log(f"{kind} at call {i + 1}: " + " | ".join(
                         str(x) for x in item)[:3000])
-            if (i + 1) % self.limits.step_every == 0:
-                self.step()
             if progress_every and (i + 1) % progress_every == 0:
                 self.log(f"[{i + 1}/{n}, {time.time() - started:.0f} s] "
                          f"{self.counts.summary()}")
