@@ -1158,14 +1158,16 @@ class Fuzzer:
     def _housekeeping_drop(self, name: str) -> None:
         """Drop a relation (and what reads it) as housekeeping, not as a fuzzed call."""
         eng = self.eng
-        for dep in eng.catalog.dependents(name):
-            self._housekeeping_drop(dep.name)
+        for owned in (name, f"{name}__dead_letter"):  # a source's goes with it
+            if (found := eng.catalog.find(owned)) is not None:
+                for dep in eng.catalog.dependents(owned):
+                    self._housekeeping_drop(dep.name)
+                for sink in eng.sinks.sinks_of(found):
+                    eng.sql(f"DROP SINK {q(sink.name)}")
+                    self.trace.append(("sql", f"DROP SINK {q(sink.name)}"))
         rel = eng.catalog.find(name)
         if rel is None:
             return
-        for sink in eng.sinks.sinks_of(rel):
-            eng.sql(f"DROP SINK {q(sink.name)}")
-            self.trace.append(("sql", f"DROP SINK {q(sink.name)}"))
         kind = "TABLE" if rel.kind == "table" else "MATERIALIZED VIEW"
         eng.sql(f"DROP {kind} {q(rel.name)}")
         self.trace.append(("sql", f"DROP {kind} {q(rel.name)}"))
@@ -1179,11 +1181,13 @@ class Fuzzer:
             self._housekeeping_drop(victim.name)
             rels = catalog_view(self.eng)
             mvs = [r for r in rels if r.kind == "mv"]
-        tables = [r for r in rels if r.kind == "table" and r.name.startswith("fz_t")]
+        def droppable(rels: list[Rel]) -> list[Rel]:  # (a dead-letter table goes with
+            return [r for r in rels if r.kind == "table" and r.name.startswith("fz_t")
+                    and not r.name.endswith("__dead_letter")]  # its source)
+        tables = droppable(rels)
         while len(tables) > self.limits.tables:
             self._housekeeping_drop(self.rng.choice(tables).name)
-            rels = catalog_view(self.eng)
-            tables = [r for r in rels if r.kind == "table" and r.name.startswith("fz_t")]
+            tables = droppable(catalog_view(self.eng))
 
     # --- one call ---------------------------------------------------------------------
 
@@ -1239,8 +1243,12 @@ class Fuzzer:
             self._collect_verify(what, result)
 
     def _after_write(self) -> None:
-        self._quiesce()
-        self._trim()
+        try:
+            self._quiesce()
+            self._trim()
+        except Exception as exc:  # noqa: BLE001 - housekeeping's statements must work
+            self.counts.internal.append(("housekeeping", f"{type(exc).__name__}: "
+                                         f"{str(exc)[:300]}", traceback.format_exc(limit=12)))
         self._refresh()
         self._state = self._state_now()
 
@@ -1276,7 +1284,13 @@ class Fuzzer:
     def step(self) -> None:
         """An epoch (housekeeping: it must work)."""
         began = time.time()
-        self.eng.step()
+        try:  # whatever the calls before it left staged, an epoch must run
+            self.eng.step()
+        except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
+            self.counts.internal.append(("step()", f"an epoch failed: {type(exc).__name__}: "
+                                         f"{str(exc)[:300]}", traceback.format_exc(limit=12)))
+            self._state = None
+            return
         self.trace.append(("step",))
         self.counts.steps += 1
         self._after_write()
@@ -1298,13 +1312,22 @@ class Fuzzer:
         self._check(sql, lambda: self.eng.sql(sql), bool(_READS.match(sql)), ("sql", sql))
 
     def run(self, n: int, progress_every: int = 0) -> Counts:
-        """``n`` statements and API calls (an epoch every ``step_every``)."""
+        """``n`` statements and API calls (an epoch every ``step_every``); each new
+        problem is logged as it is found."""
         self._refresh()
         started = time.time()
         for i in range(n):
+            seen = (len(self.counts.internal), len(self.counts.changed),
+                    len(self.counts.inexact))
             self.one()
             if (i + 1) % self.limits.step_every == 0:
                 self.step()
+            for kind, found, before in zip(("INTERNAL", "CHANGED", "INEXACT"),
+                                           (self.counts.internal, self.counts.changed,
+                                            self.counts.inexact), seen, strict=True):
+                for item in found[before:]:
+                    self.log(f"{kind} at call {i + 1}: " + " | ".join(
+                        str(x) for x in item)[:3000])
             if progress_every and (i + 1) % progress_every == 0:
                 self.log(f"[{i + 1}/{n}, {time.time() - started:.0f} s] "
                          f"{self.counts.summary()}")

@@ -1,11 +1,11 @@
 """Damaged files (issue 35, item 4): a data file of a table, an MV or a state table
-deleted or truncated by hand. Reads (``Engine.read``, VERIFY, queries) and epochs
-raise ``DamagedFile`` naming the relation (an internal one as a part of its MV) and
-the file, having committed nothing; nothing is read as other rows. A table's file
-put back makes the warehouse whole again; ``ALTER MATERIALIZED VIEW m RECOMPUTE``
-repairs an MV whose own or whose state tables' files are damaged: the next epoch
-rebuilds them from the upstreams without reading them, and MVs downstream take the
-difference like any change."""
+deleted, truncated or overwritten (with what is not a Parquet file) by hand. Reads
+(``Engine.read``, VERIFY, queries) and epochs raise ``DamagedFile`` naming the
+relation (an internal one as a part of its MV) and the file, having committed
+nothing; nothing is read as other rows. A table's file put back makes the warehouse
+whole again; ``ALTER MATERIALIZED VIEW m RECOMPUTE`` repairs an MV whose own or whose
+state tables' files are damaged: the next epoch rebuilds them from the upstreams
+without reading them, and MVs downstream take the difference like any change."""
 
 from __future__ import annotations
 
@@ -62,7 +62,16 @@ def batch(spark, eng, sql: str):
     return spark.sql(sql, t=eng.read("t"))
 
 
-@pytest.mark.parametrize("how", ["truncated", "deleted"])
+def overwrite(path: str) -> bytes:
+    """Write bytes that are not a Parquet file over the file; its old bytes."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    with open(path, "wb") as fh:
+        fh.write(b"not parquet " * 100)
+    return data
+
+
+@pytest.mark.parametrize("how", ["truncated", "deleted", "overwritten"])
 def test_damaged_table_file(engine, spark, how):
     eng = engine
     eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
@@ -72,8 +81,8 @@ def test_damaged_table_file(engine, spark, how):
             "SELECT id, v * 2 AS w FROM t WHERE g <> 1")
     eng.step()
     [f] = data_files(eng, "t")
-    saved = truncate(f.uri) if how == "truncated" else delete(f.uri)
-    found = "truncated" if how == "truncated" else "is missing"
+    saved = {"truncated": truncate, "deleted": delete, "overwritten": overwrite}[how](f.uri)
+    found = "is missing" if how == "deleted" else "not a whole Parquet file"
 
     # every read of the table says what and where; nothing is read as other rows
     damaged(lambda: eng.read("t"), "table 't'", f.uri, found)

@@ -376,11 +376,12 @@ class RelationStore:
 
     def check_files(self, rel: StoredRelation, files: Sequence[DataFile]) -> None:
         """Raise ``DamagedFile`` naming the relation and the file unless each of
-        ``files`` is there with the size its commit recorded: one deleted, truncated
-        or overwritten by hand would fail a Spark job later with an error that names
-        neither, or be read as other rows. A local file is checked at every read (a
-        stat); an object store's once per process (a request; its files never
-        change)."""
+        ``files`` is there with the size its commit recorded, or at least ends as a
+        whole Parquet file does: one deleted, truncated, or overwritten by something
+        else by hand would fail a Spark job later with an error that names neither.
+        (A Parquet file rewritten by hand is read: its rows are what VERIFY finds
+        and RECOMPUTE repairs.) A local file is checked at every read (a stat); an
+        object store's once per process (a request; its files never change)."""
         damage = self._damage(rel, files)
         if damage is not None:
             raise DamagedFile(damage)
@@ -397,10 +398,12 @@ class RelationStore:
                         self._verified.clear()
                     self._verified.add(f.uri)
                 continue
+            if size is not None and self.warehouse.is_parquet_file(f.uri, size):
+                continue  # rewritten by hand: read as it is
             what = rel.label or f"relation {rel.name!r}"
             found = ("is missing" if size is None else
-                     f"holds {size} bytes where its commit recorded {f.size} (truncated or "
-                     "overwritten)")
+                     f"holds {size} bytes where its commit recorded {f.size}, and is not a "
+                     "whole Parquet file (truncated or overwritten)")
             return f"{what}: its data file {f.uri} {found}; {rel.repair or 'restore the file'}"
         return None
 

@@ -196,6 +196,17 @@ class Warehouse:
         info = self.fs.get_file_info(self.fs_path(uri))
         return int(info.size or 0) if info.type == pafs.FileType.File else None
 
+    def is_parquet_file(self, uri: str, size: int) -> bool:
+        """Whether the file of ``size`` bytes ends as a whole Parquet file does (its
+        footer's magic bytes): a file cut short does not."""
+        if size < 12:
+            return False
+        try:
+            with self.fs.open_input_file(self.fs_path(uri)) as fh:
+                return bytes(fh.read_at(4, size - 4)) == b"PAR1"
+        except OSError:
+            return False
+
     def read_text(self, uri: str) -> str | None:
         """The file's text; None when it does not exist."""
         try:
