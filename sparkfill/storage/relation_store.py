@@ -637,7 +637,9 @@ class RelationStore:
         """The rows of several small changelogs (of different relations) on the driver,
         each in its relation's physical schema with ``_epoch`` = ``epoch``, in one
         Spark job: a union of one row shape with a column per (part, field), NULL
-        outside its part."""
+        outside its part. Each part's row is selected as one struct (expanded after
+        the union): one SQL text per part, where a list of a text per column would
+        cost a classic session a Py4J round trip per column and part."""
         fields = [_collected_fields(rel) for rel, _ in parts]
 
         def slot(i: int, k: int) -> str:
@@ -650,11 +652,11 @@ class RelationStore:
                 for k, f in enumerate(fs):
                     value = quoted(f.name) if m == i else "NULL"
                     cols.append(f"CAST({value} AS {f.dataType.simpleString()}) AS {slot(m, k)}")
-            selected.append(df.selectExpr(*cols))
+            selected.append(df.selectExpr(f"struct({', '.join(cols)}) AS _sf_row"))
         union = selected[0]
         for other in selected[1:]:
             union = union.unionAll(other)
-        table = union.toArrow()
+        table = union.selectExpr("_sf_row.*").toArrow()
         self.spark_jobs += 1
         return [_with_epoch(table.filter(pc.equal(table["_sf_part"], i))
                             .select([slot(i, k) for k in range(len(fs))])

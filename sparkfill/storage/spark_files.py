@@ -16,6 +16,7 @@ one file per non-empty partition and reports each file it wrote, in one Spark jo
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from . import object_files
 from .warehouse import Warehouse
 
 __all__ = ["WrittenFile", "read_parquet", "read_texts", "write_parquet", "parquet_stats",
-           "spark_native", "empty_frame", "ONE_TASK_ROWS"]
+           "spark_native", "empty_frame", "local_paths", "ONE_TASK_ROWS"]
 
 #: a read of at most this many rows is one partition (one task): a plan over one
 #: partition needs no exchange (a single partition satisfies every distribution a
@@ -49,6 +50,12 @@ class WrittenFile:
 
 
 _registered: dict[int, SparkSession] = {}
+#: the empty frames built per session and schema (``empty_frame``): a frame is
+#: immutable, and building one costs a classic session about 35 Py4J round trips
+_empty: dict[tuple[int, str], tuple[SparkSession, DataFrame]] = {}
+#: characters a Hadoop path glob gives a meaning to: a list of files naming one is
+#: passed to Spark file by file
+_GLOB_CHARS = frozenset("*?[]{}\\,^")
 
 
 def spark_native(warehouse: Warehouse) -> bool:
@@ -71,8 +78,34 @@ def _register(spark: SparkSession) -> None:
 def empty_frame(spark: SparkSession, schema: T.StructType) -> DataFrame:
     """A frame of no rows in ``schema`` that Spark's optimizer knows is empty (a zero
     limit): a join or union with it folds away instead of running (an empty local
-    frame of a classic session is a scan of an RDD, which Spark cannot see through)."""
-    return spark.createDataFrame([], schema).limit(0)
+    frame of a classic session is a scan of an RDD, which Spark cannot see through).
+    Built once per session and schema."""
+    key = (id(spark), schema.json())
+    held = _empty.get(key)
+    if held is None or held[0] is not spark:
+        if len(_empty) >= 256:
+            _empty.clear()
+        held = _empty[key] = (spark, spark.createDataFrame([], schema).limit(0))
+    return held[1]
+
+
+def local_paths(uris: Sequence[str]) -> list[str]:
+    """Local files as the path arguments of Spark's Parquet reader, in a few of them.
+    A classic session sends a list argument to the JVM one element per round trip, so
+    more than three files go as two Hadoop globs ``dir/{a,b,...}`` that name exactly
+    them (two, not one: Spark looks for a streaming sink's metadata beside a single
+    path, and logs its absence). Files whose names a glob would read otherwise are
+    passed one by one."""
+    if len(uris) <= 3 or any("://" in u or not _GLOB_CHARS.isdisjoint(u) for u in uris):
+        return list(uris)
+    half = len(uris) // 2
+    return [_glob(uris[:half]), _glob(uris[half:])]
+
+
+def _glob(uris: Sequence[str]) -> str:
+    """A Hadoop glob matching exactly the local files ``uris``."""
+    root = os.path.commonpath([os.path.dirname(u) for u in uris]).rstrip("/")
+    return root + "/{" + ",".join(u[len(root) + 1:] for u in uris) + "}"
 
 
 def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType,
@@ -83,7 +116,7 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
     if not uris:
         return empty_frame(spark, schema)
     if spark_native(warehouse):
-        df = spark.read.schema(schema).parquet(*uris)
+        df = spark.read.schema(schema).parquet(*local_paths(uris))
     else:
         _register(spark)
         df = (spark.read.format(object_files.SOURCE_NAME).schema(schema)

@@ -1,0 +1,118 @@
+"""Where a backfill epoch's time goes (a script, not a test).
+
+Loads the steady benchmark's ``t`` (N rows) and ``d``, runs a few epochs of C
+random-key changes, then creates one MV online (``--mv``, ``--strategy``) and, for
+each epoch until it is created, prints the step's wall time, the chunk it
+backfilled, and its Spark jobs with their stages (tasks, run time, input and shuffle
+rows, from Spark's status API), so a chunk's per-row cost can be set against the
+epoch's fixed cost and against a blocking CREATE of the same MV.
+
+Classic sessions only (it reads the Spark UI). Usage:
+    python bench/backfill_anatomy.py [--rows 1000000] [--changes 1000] [--mv agg]
+        [--strategy default|snapshot|blocking] [--max-epochs 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import steady_bench as sb  # noqa: E402
+from backfill_bench import dml, with_clause  # noqa: E402
+
+from sparkfill import Engine  # noqa: E402
+from sparkfill.session import build_spark_session  # noqa: E402
+
+
+def _ts(text: str) -> datetime:
+    return datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changes", type=int, default=1_000)
+    parser.add_argument("--mv", default="agg", choices=list(sb.MVS))
+    parser.add_argument("--strategy", default="default")
+    parser.add_argument("--max-epochs", type=int, default=40)
+    parser.add_argument("--quiet-jobs", action="store_true", help="epoch lines only")
+    args = parser.parse_args()
+    spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
+                                extra_conf={"spark.ui.enabled": "true"})
+    ui = spark.sparkContext.uiWebUrl
+    app = json.load(urllib.request.urlopen(f"{ui}/api/v1/applications"))[0]["id"]
+
+    def api(path: str) -> Any:
+        return json.load(urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}"))
+
+    work = Path(tempfile.mkdtemp(prefix="bf-anatomy-"))
+    eng = Engine(work / "warehouse", spark=spark)
+    keys = sb.Keys(args.rows, random.Random(7))
+    try:
+        sb.load(eng, spark, args.rows, [], with_d=True)
+        before = []
+        for _ in range(4):
+            dml(eng, keys, args.changes)
+            before.append(eng.step().seconds)
+        print(f"steady epochs before: {[round(s, 2) for s in before]}")
+        name = f"{args.mv}_{args.strategy}"
+        t_create = time.perf_counter()
+        eng.sql(f"CREATE MATERIALIZED VIEW {name} {with_clause(args.strategy, '', '')}"
+                f"AS {sb.MVS[args.mv]}")
+        walls, chunks = [], []
+        for _ in range(args.max_epochs):
+            dml(eng, keys, args.changes)
+            last_job = max((j["jobId"] for j in api("jobs")), default=-1)
+            t0 = time.perf_counter()
+            report = eng.step()
+            wall = time.perf_counter() - t0
+            walls.append(wall)
+            chunk = report.backfill_rows.get(name, 0)
+            chunks.append(chunk)
+            time.sleep(0.5)
+            jobs = sorted((j for j in api("jobs") if j["jobId"] > last_job),
+                          key=lambda j: j["jobId"])
+            spent = sum((_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+                        for j in jobs if j.get("completionTime"))
+            print(f"epoch {report.epoch}: step {wall:.2f} s, chunk {chunk:,} rows, "
+                  f"{len(jobs)} jobs {spent:.2f} s, outside {wall - spent:.2f} s, "
+                  f"state {eng.progress(name).state}", flush=True)
+            if not args.quiet_jobs:
+                for j in jobs:
+                    if not j.get("completionTime"):
+                        continue
+                    dur = (_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+                    print(f"  job {j['jobId']} {dur:.2f} s: {j['name'][:80]}")
+                    for sid in sorted(j["stageIds"]):
+                        s = api(f"stages/{sid}")[0]
+                        if s["status"] == "COMPLETE":
+                            print(f"    stage {sid}: {s['numTasks']} tasks, run "
+                                  f"{s.get('executorRunTime', 0)} ms, input "
+                                  f"{s.get('inputRecords', 0):,} rows, shuffle read "
+                                  f"{s.get('shuffleReadRecords', 0):,}, written "
+                                  f"{s.get('outputRecords', 0):,}")
+            if eng.progress(name).state == "created":
+                break
+        total = time.perf_counter() - t_create
+        print(f"\ncreated in {total:.1f} s, {len(walls)} epochs; median step "
+              f"{statistics.median(walls):.2f} s (before {statistics.median(before):.2f} s); "
+              f"median chunk {statistics.median(chunks):,.0f} rows")
+    finally:
+        eng.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
