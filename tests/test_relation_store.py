@@ -505,3 +505,27 @@ def test_small_reads_are_one_partition_and_their_changelog_needs_no_exchange(
     split = changelog(1, 2)
     assert "Exchange" in _plan_text(split)
     assert sorted((r.id, r.v, r[OP]) for r in split.collect()) == expected
+
+
+def test_many_local_files_are_read_through_globs_naming_exactly_them(spark, tmp_path: Path):
+    """A read of more than three local files passes them as two Hadoop globs (a Py4J
+    round trip per list element otherwise): it reads exactly the named files, spread
+    over several folders, and not their neighbours; names a glob would misread are
+    passed as they are."""
+    from pyspark.sql import types as T
+
+    from sparkfill.storage.spark_files import local_paths, read_parquet
+
+    files = []
+    for i in range(9):
+        folder = tmp_path / f"d{i % 3}" / f"e{i}"
+        spark.range(i * 10, i * 10 + 10).coalesce(1).write.parquet(str(folder))
+        files += sorted(str(p) for p in folder.glob("*.parquet"))
+    wanted = files[1:8]  # 7 of the 9: the first and last are neighbours not to read
+    paths = local_paths(wanted)
+    assert len(paths) == 2 and all("{" in p for p in paths)
+    schema = T.StructType([T.StructField("id", T.LongType())])
+    got = sorted(r.id for r in read_parquet(spark, Warehouse(tmp_path), schema, wanted).collect())
+    assert got == list(range(10, 80))
+    odd = [*wanted[:3], "/w/a,b{c}/part-0.parquet"]  # passed as they are
+    assert local_paths(odd) == odd
