@@ -2,8 +2,8 @@
 #   make demo   - set up .venv, ensure Java 17/21, run the demo
 #   make test   - set up .venv, ensure Java 17/21, PostgreSQL's server binaries and headless
 #                 Chromium with its driver (the UI's browser tests), run pytest
-#                 on two workers (PYTEST_ARGS="-k foo" to filter, WORKERS=0 for one process),
-#                 then the tests marked `connect` again against a Spark Connect server
+#                 on three workers (PYTEST_ARGS="-k foo" to filter, WORKERS=0 for one process),
+#                 then the tests marked `connect` again against Spark Connect servers (two workers)
 #   make lint   - ruff + mypy
 #   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
 #   make bench-nexmark - every Nexmark query created online and dropped one after another in
@@ -19,8 +19,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?= --durations=25
 # pytest-xdist workers of the main run (each its own Spark session; the suite's
-# Spark jobs are small, so two workers on two cores take about 0.7x one's time)
-WORKERS ?= 2
+# Spark jobs are small and much of a test waits on the driver, on Py4J and on child
+# processes starting, so three workers keep two cores busier than two do)
+WORKERS ?= 3
 # make torture's seed and number of fuzzed statements and API calls
 SEED ?= 1
 N ?= 10000
@@ -45,7 +46,7 @@ test: venv
 	@bash scripts/ensure_postgres.sh
 	@bash scripts/ensure_chromium.sh
 	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal $(PYTEST_ARGS)
-	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -m connect $(PYTEST_ARGS) \
+	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -n 2 --dist worksteal -m connect $(PYTEST_ARGS) \
 		|| test $$? -eq 5  # 5: a -k filter left no test of the subset
 
 venv: $(STAMP)
