@@ -36,6 +36,7 @@ from .errors import (
     EpochNotRetained,
     InvalidOption,
     MaterializedViewNotReady,
+    MetaStoreError,
     RelationExists,
     SparkfillError,
     SqlError,
@@ -163,14 +164,20 @@ def _epoch_number(as_of: Any) -> int:
 def _boundary(method: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        self = args[0]
+        self: Any = args[0]
         if getattr(self, "_closed", False):
             raise EngineClosed("the engine is closed")
         try:
+            self._reconnect()
             return method(*args, **kwargs)
         except SparkfillError:
             raise
         except Exception as exc:  # noqa: BLE001 - the boundary translates every error
+            if self.meta.broken:
+                raise MetaStoreError(
+                    f"Engine.{method.__name__}: the connection to the meta store ended (a "
+                    f"server restart?): {_translate(exc, 'meta store')}; nothing of this "
+                    "call is committed; the next call connects again") from exc
             raise _translate(exc, f"Engine.{method.__name__}") from exc
     return wrapper
 
@@ -264,6 +271,21 @@ class Engine:
             raise _translate(exc, "Engine.open") from exc
 
     # --- lifecycle ------------------------------------------------------------------------
+
+    def _reconnect(self) -> None:
+        """After the PostgreSQL meta store's connections ended (a server restart, found
+        by the call that failed on them): connect again, take the writer lock again
+        (``WarehouseLocked`` if another engine took it meanwhile) and recover as a
+        reopen would: reload the catalog, re-run an epoch left in flight."""
+        lock = self._lock if isinstance(self._lock, AdvisoryLock) else None
+        if not self.meta.broken and (lock is None or not lock.lost):
+            return
+        if lock is not None and not self.read_only:
+            lock.reacquire()
+        self.meta.reconnect()
+        self.catalog.reload()
+        if not self.read_only:
+            self._recover()
 
     def _recover(self) -> None:
         """Clean what no committed epoch refers to; restart what lost its memory;

@@ -293,6 +293,22 @@ class MetaStore:
         else:
             self._lite.close()
 
+    @property
+    def broken(self) -> bool:
+        """Whether the PostgreSQL connection ended (a server restart, the network): found
+        by the statement that failed on it; never for SQLite."""
+        return self._pg is not None and bool(self._pg.raw.closed or self._pg.raw.broken)
+
+    def reconnect(self) -> None:
+        """Open the PostgreSQL connection again (after ``broken``)."""
+        assert isinstance(self.path, PgTarget) and self._pg is not None
+        try:
+            self._pg.raw.close()
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass
+        self._pg = _PgConn(_pg_open(self.path, self.read_only))
+        self._conn = self._pg
+
     @contextmanager
     def snapshot(self) -> Iterator[None]:
         """Reads that see one committed state of the meta store however many
@@ -849,6 +865,8 @@ def open_postgres(warehouse: Warehouse | Path | str, url: str,
         target = PgTarget(url, schema, warehouse.uri)
         lock = AdvisoryLock(conn, _lock_key(schema),
                             f"{warehouse} (meta store {target.shown}, schema {schema})")
+        lock.connect = lambda: _pg_connect(
+            url, f"sparkfill writer pid {os.getpid()}@{os.uname().nodename}")
         lock.acquire()
         if existed and not _schema_exists(conn, schema) \
                 and warehouse.list(warehouse.join("relations")):
