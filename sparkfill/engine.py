@@ -357,8 +357,10 @@ class Engine:
     @_boundary
     def step(self) -> EpochReport:
         """Run and commit one epoch: stage the sources' input for it, run it, and
-        bring the sinks up to it."""
+        bring the sinks up to it. An epoch whose run raised before its commit (a
+        failed write or Spark job) is finished first, with its own plan."""
         self._writable("step()")
+        self.coordinator.recover()
         behind: list[str] = []
         try:  # behind after a crash; one that cannot catch up (an MV's data file damaged
             # by hand) must not keep the epoch that repairs it from running

@@ -5,8 +5,9 @@ sequence number, each creating job's chunk limit, and the epoch's processing
 time, which fills the processing-time columns of the rows it writes) and the
 plan persisted before any work, so a crash at any point is recovered by re-running the same
 plan: the appends that already landed are skipped (Delta application
-transactions) and the rest recomputed from the same inputs. Nothing of ``e`` is
-visible before ``commit_epoch``.
+transactions) and the rest recomputed from the same inputs; an epoch whose run
+raised (a failed write or job) is re-run the same way by the next ``step``, before
+that step's own epoch. Nothing of ``e`` is visible before ``commit_epoch``.
 
 Epoch ``e``:
 1. inputs: the staged DML pinned by the plan;
@@ -447,6 +448,10 @@ class EpochCoordinator:
             self.meta.put(conn, RECOMPUTE_KEY, json.dumps(sorted(left)))
 
     def step(self) -> EpochReport:
+        # an epoch whose run raised (a full disk, a failed job) before its commit is
+        # finished first, with its own plan: appends of it may have landed, holding its
+        # inputs; a new plan's inputs (DML staged since) would not match them
+        self.recover()
         plan = self.plan()
         self.meta.begin_epoch(plan["epoch"], plan)
         return self.execute(plan)
@@ -455,6 +460,7 @@ class EpochCoordinator:
         """Run the epoch of ``ALTER MATERIALIZED VIEW a SWAP WITH b``: no DML, no
         backfill chunk, no switch or recompute (those wait for the next epoch); only
         the two MVs' differences, and what follows from them downstream."""
+        self.recover()  # an epoch that failed before its commit first (``step``)
         plan = {**self.plan(), "dml_upto": 0, "recompute": [], "switch": {},
                 "swap": [a.id, b.id]}
         plan["limits"] = dict.fromkeys(plan["limits"], 0)
