@@ -14,8 +14,8 @@ The workload covers: DML (driver-staged lists and a Spark DataFrame, SQL ``UPDAT
 ``DELETE``), a datagen source, every backfill strategy (arrangement, no_shuffle, buffer,
 blocking, and snapshot with a rate limit), an MV over an MV, a join, aggregates whose
 groups deletes empty, compaction (folds and merges, thresholds lowered) and vacuum
-(``retain_epochs`` 3), a sink (vacuumed), a ``DROP`` of an MV still being created and
-a ``CREATE OR REPLACE`` switch.
+(``retain_epochs`` 3), three snapshot jobs (one rate-limited), three sinks (vacuumed),
+``DROP`` of MVs being created and of a created one, and a ``CREATE OR REPLACE`` switch.
 
 Invariant (what ``check`` asserts, after the workload is finished):
 
@@ -25,7 +25,7 @@ Invariant (what ``check`` asserts, after the workload is finished):
 - the source table at each retained epoch equals the reference run's at that epoch;
 - every user MV created equals its batch query (``Engine.verify``) at every retained
   epoch from the one it was ready at;
-- the sink equals its MV at the epoch its Delta table records (the committed one);
+- each sink equals its MV at the epoch its Delta table records (the committed one);
 - every file a relation's Delta log references exists; no data file, relation folder,
   staged batch or pending folder is left that nothing references;
 - the writer lock is free once the engine is closed (a second open succeeds).
@@ -55,7 +55,6 @@ GROUPS = 8
 RETAIN = 3
 #: steps after the scripted ones, at most, until every MV is created and switched
 MAX_EXTRA = 30
-SINK = "s_agg"
 SOURCE = "src"
 #: user MVs and their queries (``m_proj``'s second definition is ``REPLACED``)
 MVS = {
@@ -73,7 +72,18 @@ MVS = {
              "SELECT g, c FROM m_agg WHERE c > 1"),
     "m_drop": ("backfill = 'no_shuffle', backfill_chunk_rows = 20",
                "SELECT id, v FROM t WHERE g = 3"),
+    "m_snap2": ("backfill = 'snapshot', backfill_chunk_rows = 150",
+                "SELECT id, v FROM t WHERE g < 4"),
+    "m_snap3": ("backfill = 'snapshot', backfill_rate_limit = 100",
+                "SELECT k, SUM(v) AS sv FROM src GROUP BY k"),
+    "m_tmp": ("backfill = 'blocking'", "SELECT g, MIN(v) AS mn FROM t GROUP BY g"),
+    "m_drop2": ("backfill = 'no_shuffle', backfill_chunk_rows = 20",
+                "SELECT id, g FROM t WHERE v > 50"),
 }
+#: MVs the workload drops (a creating one, a created one, a creating one)
+DROPPED = ("m_drop", "m_tmp", "m_drop2")
+#: sinks: name, MV, and the step that creates it
+SINKS = {"s_agg": ("m_agg", 3), "s_join": ("m_join", 3), "s_src": ("m_src", 6)}
 REPLACED = "SELECT id, g, v * 3 AS w FROM t WHERE v % 3 <> 1"
 FIXED = "backfill_target_epoch_ms = 0"
 
@@ -134,22 +144,34 @@ def ops_for_step(i: int) -> list[dict[str, Any]]:
     if i == 1:
         ops += [{"kind": "create", "name": "m_agg"}, {"kind": "create", "name": "m_join"}]
     elif i == 2:
-        ops += [{"kind": "create", "name": n} for n in ("m_proj", "m_snap", "m_src")]
+        ops += [{"kind": "create", "name": n} for n in ("m_proj", "m_snap", "m_src", "m_snap2")]
     elif i == 3:
         # empty group 5: every row of it deleted (its key range is known to the model)
         ops.append({"kind": "empty_group", "g": 5})
         ops += [{"kind": "create", "name": "m_on", "after": "m_agg"},
                 {"kind": "create", "name": "m_drop"},
-                {"kind": "sink"}]
+                {"kind": "sink", "name": "s_agg"}, {"kind": "sink", "name": "s_join"}]
     elif i == 4:
         ops.append({"kind": "drop", "name": "m_drop"})
         ops.append({"kind": "insert_u", "rows": [{"g": 1, "name": "one"}]})
     elif i == 5:
         ops.append({"kind": "replace"})
+    elif i == 6:
+        ops += [{"kind": "create", "name": "m_tmp"}, {"kind": "create", "name": "m_snap3"},
+                {"kind": "sink", "name": "s_src"}]
+    elif i == 7:
+        ops.append({"kind": "drop", "name": "m_tmp"})
+    elif i == 8:
+        ops.append({"kind": "create", "name": "m_drop2"})
+    elif i == 9:
+        ops.append({"kind": "drop", "name": "m_drop2"})
     return ops
 
 
-N_STEPS = 12
+#: the workload's scripted steps; fewer (``SPARKFILL_DURABILITY_STEPS``, CI's slice) stop
+#: before the DROP (4) and the CREATE OR REPLACE (5)
+STEPS_ENV = "SPARKFILL_DURABILITY_STEPS"
+N_STEPS = int(os.environ.get(STEPS_ENV) or 12)
 
 
 # --------------------------------------------------------------------------- #
@@ -184,9 +206,10 @@ def _issue(eng, op: dict[str, Any], committed_t: Callable[[], dict[int, tuple]])
     elif kind == "drop":
         eng.sql(f"DROP MATERIALIZED VIEW IF EXISTS {op['name']}")
     elif kind == "sink":
-        path = os.path.join(os.path.dirname(str(eng.path)), "sink")
-        eng.sql(f"CREATE SINK IF NOT EXISTS {SINK} FROM m_agg WITH (connector = 'delta', "
-                f"path = '{path}', buckets = 4, vacuum_retention_hours = 0)")
+        path = os.path.join(os.path.dirname(str(eng.path)), op["name"])
+        eng.sql(f"CREATE SINK IF NOT EXISTS {op['name']} FROM {SINKS[op['name']][0]} WITH "
+                f"(connector = 'delta', path = '{path}', buckets = 4, "
+                "vacuum_retention_hours = 0)")
     elif kind == "replace":
         if eng.relation("m_proj").sql != REPLACED:
             eng.sql(f"CREATE OR REPLACE MATERIALIZED VIEW m_proj WITH "
@@ -211,7 +234,7 @@ def _settled(eng) -> bool:
     for rel in eng.catalog.all():
         if rel.kind == "mv" and not rel.internal and rel.state != "created":
             return False
-    return eng.relation("m_proj").sql == REPLACED
+    return N_STEPS <= 5 or eng.relation("m_proj").sql == REPLACED
 
 
 def _step(eng, journal: str, i: int, emit: Callable[[str], None], extra: bool = False) -> None:
@@ -338,7 +361,7 @@ def check(eng, journal: str, reference: str | None) -> list[str]:
     if not compared:
         problems.append(f"no journaled epoch retained (committed {committed})")
     # the source, against the reference run
-    if reference is not None:
+    if reference is not None and os.path.exists(reference):
         with open(reference) as f:
             ref = {int(k): [tuple(r) for r in v] for k, v in json.load(f).items()}
         for epoch in retained:
@@ -364,9 +387,13 @@ def check(eng, journal: str, reference: str | None) -> list[str]:
             if diff:
                 problems.append(f"MV {rel.name} differs from its query at epoch {epoch}: "
                                 f"{[tuple(r) for r in diff]}")
-    if "m_drop" in {r.name for r in eng.catalog.all()}:
-        problems.append("m_drop was dropped but exists")
-    problems += _check_sink(eng)
+    names = {r.name for r in eng.catalog.all()}
+    for n, name in zip((4, 7, 9), DROPPED, strict=True):
+        if N_STEPS > n and name in names:
+            problems.append(f"{name} was dropped but exists")
+    for name, (_, n) in SINKS.items():
+        if N_STEPS > n:
+            problems += _check_sink(eng, name)
     problems += _check_files(eng)
     return problems
 
@@ -389,26 +416,30 @@ def _diff(label: str, got: list[tuple], want: list[tuple]) -> str:
     return f"{label}: {len(got)} rows, expected {len(want)}; extra {extra}, missing {missing}"
 
 
-def _check_sink(eng) -> list[str]:
+def _check_sink(eng, name: str) -> list[str]:
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    sink = next((s for s in eng.meta.sinks() if s.name == SINK), None)
+    sink = next((s for s in eng.meta.sinks() if s.name == name), None)
     if sink is None:
-        return [f"sink {SINK} missing"]
+        return [f"sink {name} missing"]
+    mv_name = eng.catalog.get_by_id(sink.rel_id).name
+    columns = [c.name for c in eng.relation(mv_name).visible_columns]
     dt = DeltaTable(sink.path)
     synced = dt.transaction_version(f"sparkfill-sink-{sink.id}")
     if synced is None or int(synced) != eng.committed_epoch:
-        return [f"sink {SINK} synced to {synced}, the committed epoch is {eng.committed_epoch}"]
+        return [f"sink {name} synced to {synced}, the committed epoch is {eng.committed_epoch}"]
     table = dt.to_pyarrow_table()
-    got = sorted(tuple(r.values()) for r in table.select(["g", "c", "sv"]).to_pylist())
-    want = _rows(eng.read("m_agg", as_of=int(synced)).select("g", "c", "sv"))
+    from helpers import _sort_key
+
+    got = sorted((tuple(r.values()) for r in table.select(columns).to_pylist()), key=_sort_key)
+    want = _rows(eng.read(mv_name, as_of=int(synced)).select(*columns))
     problems = []
     if got != want:
-        problems.append(_diff(f"sink {SINK} vs m_agg at epoch {synced}", got, want))
+        problems.append(_diff(f"sink {name} vs {mv_name} at epoch {synced}", got, want))
     for path in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist():
         if not os.path.isfile(os.path.join(sink.path, path)):
-            problems.append(f"sink {SINK} references a missing file {path}")
+            problems.append(f"sink {name} references a missing file {path}")
     return problems
 
 
