@@ -316,18 +316,27 @@ class Engine:
     def _restart_job(self, rel: Relation) -> None:
         """Start a creating job over on a fresh, empty relation (its in-memory
         state was lost)."""
-        fresh = []
-        for r in (rel, *self.catalog.states_of(rel)):
-            new_dir = f"{r.id:06d}-{r.name}-{uuid.uuid4().hex[:6]}"
-            fresh.append((r, new_dir, self.store.create(new_dir, r.columns)))
+        olds = (rel, *self.catalog.states_of(rel))
+        dirs = [f"{r.id:06d}-{r.name}-{uuid.uuid4().hex[:6]}" for r in olds]
+        # the fresh folders pending until the switch to them commits, the old ones
+        # from then until removed: a crash anywhere leaves nothing recovery misses
+        with self.meta.transaction() as conn:
+            for r, new_dir in zip(olds, dirs, strict=True):
+                self.meta.put_pending_dir(conn, r.id, f"{self.store.root}/{new_dir}")
+        versions = [self.store.create(new_dir, r.columns)
+                    for r, new_dir in zip(olds, dirs, strict=True)]
         with self.meta.transaction() as conn:
             conn.execute("DELETE FROM backfill_progress WHERE mv_id = ?", (rel.id,))
-            for r, new_dir, version in fresh:
+            for r, new_dir, version in zip(olds, dirs, versions, strict=True):
                 self.meta.reset_relation(conn, r.id, new_dir, rel.created_epoch, version)
+                conn.execute("DELETE FROM pending_dirs WHERE dir = ?",
+                             (f"{self.store.root}/{new_dir}",))
+                self.meta.put_pending_dir(conn, r.id, self.store.path(r.stored))
             for leaf in range(len(rel.upstreams)):
                 self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None, leaf))
-        for r, _, _ in fresh:
+        for r in olds:
             self.store.delete(r.dir)
+        self.meta.remove_pending_dirs([self.store.path(r.stored) for r in olds])
 
     def close(self) -> None:
         if self._closed:
@@ -541,12 +550,19 @@ class Engine:
         transaction (all or none)."""
         created: list[str] = []
         every = [r for rel, owned in groups for r in (rel, *owned)]
+        folders = [f"{self.store.root}/{r.dir}" for r in every]
+        # pending until the relations commit: a crash between leaves no folder behind
+        with self.meta.transaction() as conn:
+            for r, folder in zip(every, folders, strict=True):
+                self.meta.put_pending_dir(conn, r.id, folder)
         try:
             versions = []
             for r in every:
                 versions.append(self.store.create(r.dir, r.columns))
                 created.append(r.dir)
             with self.meta.transaction() as conn:
+                for folder in folders:
+                    conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (folder,))
                 for r, version in zip(every, versions, strict=True):
                     self.meta.add_relation(conn, r.to_row(), version)
                 for rel, _ in groups:
@@ -559,6 +575,7 @@ class Engine:
         except BaseException:
             for dir_ in created:
                 self.store.delete(dir_)
+            self.meta.remove_pending_dirs(folders)
             raise
         self.catalog.reload()
 
@@ -812,9 +829,10 @@ class Engine:
         dropped = [*(mvs or [rel]), *states]
         with self.meta.transaction() as conn:
             for r in dropped:
-                self.meta.drop_relation(conn, r.id)
+                self.meta.drop_relation(conn, r.id, self.store.path(r.stored))
         for r in dropped:
             self.store.delete(r.dir)
+        self.meta.remove_pending_dirs([self.store.path(r.stored) for r in dropped])
         self.stager.remove_applied(staged)
         for mv in mvs:
             self.coordinator.scan.forget(mv.id)

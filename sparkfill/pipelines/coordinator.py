@@ -606,6 +606,8 @@ class EpochCoordinator:
             tagged_versions=appends.tagged, proctime_us=int(plan["proctime_us"]),
             definitions={k: v for sw in switches for k, v in sw.definitions.items()},
             dropped=[r.id for sw in switches for r in sw.dropped],
+            dropped_folders={r.id: self.store.path(r.stored) for sw in switches
+                             for r in sw.dropped},
             backfill_seconds=backfill_seconds,
             changes=sum(c.get("+", 0) + c.get("-", 0) + c.get("U+", 0)
                         for c in counts.values()),
@@ -782,6 +784,7 @@ class EpochCoordinator:
             self.store.delete(rel.dir)
             self.scan.forget(rel.id)
             self.refresh.forget(rel.id)
+        self.meta.remove_pending_dirs([self.store.path(r.stored) for r in switch.dropped])
         for rel_id in switch.definitions:
             self.refresh.forget(rel_id)  # a new query: its measured costs start over
 
