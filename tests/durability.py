@@ -172,6 +172,10 @@ def run(args: argparse.Namespace, log=print) -> int:
         rng = random.Random(args.seed)
         outcomes: list[Outcome] = []
         for i, (point, k) in enumerate(sites):
+            if args.budget and time.time() - started > args.budget:
+                log(f"durability: time budget of {args.budget:.0f} s spent: "
+                    f"{len(sites) - i} sites left untried")
+                break
             # every ``recovery_every``-th site also crashes the reopening's recovery
             rc = rng.randint(1, 6) if args.recovery_every and i % args.recovery_every == 0 \
                 else None
@@ -221,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remote", default=None,
                     help="a Spark Connect server's URL (default: start one)")
     ap.add_argument("--dir", default=None, help="where warehouses go (kept)")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds after which no new site starts (0: none)")
     args = ap.parse_args(argv)
     return run(args, log=lambda m: print(m, flush=True))
 
