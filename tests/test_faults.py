@@ -24,10 +24,8 @@ from sparkfill import Engine, SparkfillError
 #: ``make torture`` sets it: every point an epoch reaches, each twice; CI's slice takes
 #: the points of ``CI_POINTS`` (the kinds of act, one each) once
 FULL = os.environ.get("SPARKFILL_TORTURE") == "1"
-CI_POINTS = ("parquet:stage", "rename:stage", "meta:stage_dml", "meta:begin_epoch",
-             "parquet:_write_arrow", "delta.commit:_commit_append", "meta:commit_epoch",
-             "spark.write:_write", "delta.commit:_write", "delta.commit:merge_log",
-             "delta.commit:compact")
+CI_POINTS = ("rename:stage", "meta:begin_epoch", "delta.commit:_commit_append",
+             "meta:commit_epoch", "spark.write:_write")
 
 QUERIES = {
     "agg": "SELECT g, COUNT(*) AS c, SUM(v) AS sv FROM t GROUP BY g",
@@ -151,7 +149,7 @@ def test_enospc_at_every_write_point_raises_clearly_and_the_next_call_succeeds(
         # most points an epoch reached failed at least once (timing moves a few)
         hit = {f.rpartition("#")[0] for f in fired}
         assert len(hit) >= len(reached) * 3 // 4, (sorted(hit), reached)
-        assert len(hit) >= (20 if FULL else 5), sorted(hit)
+        assert len(hit) >= (20 if FULL else 4), sorted(hit)
         print(f"ENOSPC: {len(fired)} faults at {len(hit)} points, all consistent")
 
 
@@ -165,7 +163,7 @@ def test_delta_commit_conflict_or_lost_reply_retries_exactly(points, warehouse, 
     with Engine(warehouse, spark=spark, retain_epochs=3) as eng:
         wh = Warehouse(eng, str(tmp_path / "sink"))
         commits = [p for p in _epoch_points(wh, spark) if p.startswith("delta.commit:")
-                   and (FULL or p in ("delta.commit:_commit_append", "delta.commit:_write"))]
+                   and (FULL or p == "delta.commit:_write")]
         assert commits
         for point in commits:
             # refused (nothing committed), then committed but reported failed
@@ -191,7 +189,7 @@ def test_a_spark_job_that_fails_once(points, warehouse, spark, tmp_path):
         wh = Warehouse(eng, str(tmp_path / "sink"))
         writes = [p for p in _epoch_points(wh, spark) if p.startswith(("spark.write:",
                                                                          "parquet:"))
-                  and (FULL or p in ("spark.write:_write", "parquet:_write_arrow"))]
+                  and (FULL or p == "spark.write:_write")]
         assert any(p.startswith("spark.write:") for p in writes), writes
         for point in writes:
             points.inject((point, points.counts[point] + 1), failed_job)
@@ -239,7 +237,7 @@ def test_an_object_store_request_that_fails_once(spark, s3_server, pg_url, tmp_p
             eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
             eng.sql(f"CREATE MATERIALIZED VIEW agg WITH (backfill = 'blocking') AS "
                     f"{QUERIES['agg']}")
-            for n in (1, 4, 12, 30, 80):
+            for n in (1, 4, 12, 30, 80) if FULL else (1, 12, 80):
                 proxy.fail_after(n)
                 rows = list({r["id"]: r for r in ({"id": rng.randrange(300),
                                                    "g": rng.randrange(4),
@@ -259,7 +257,7 @@ def test_an_object_store_request_that_fails_once(spark, s3_server, pg_url, tmp_p
                 assert not eng.verify("agg").collect(), f"agg after cut #{n}"
     finally:
         proxy.close()
-    assert proxy.dropped >= 4, proxy.dropped
+    assert proxy.dropped >= (4 if FULL else 2), proxy.dropped
     print(f"object store: {proxy.dropped} requests cut, {raised} calls raised")
 
 
