@@ -366,10 +366,9 @@ class Engine:
     @_boundary
     def step(self) -> EpochReport:
         """Run and commit one epoch: stage the sources' input for it, run it, and
-        bring the sinks up to it. An epoch whose run raised before its commit (a
-        failed write or Spark job) is finished first, with its own plan."""
+        bring the sinks up to it. After a ``step()`` that raised, the epoch runs with
+        the failed run's inputs (DML staged since then waits for the next epoch)."""
         self._writable("step()")
-        self.coordinator.recover()
         behind: list[str] = []
         try:  # behind after a crash; one that cannot catch up (an MV's data file damaged
             # by hand) must not keep the epoch that repairs it from running

@@ -203,8 +203,9 @@ def test_a_spark_job_that_fails_once(points, warehouse, spark, tmp_path):
 def test_dml_between_a_failed_epoch_and_its_retry_applies_once(points, warehouse, spark,
                                                                tmp_path):
     """An epoch fails after some of its appends landed (the table's), the user keeps
-    calling: DML, then ``step()``. The retry must re-run the failed epoch's plan (its
-    DML bound), not a new plan whose DML the landed append never held."""
+    calling: DML, then ``step()``. The retry keeps the failed run's DML bound (the
+    landed append holds that DML only); the DML staged since applies in the epoch
+    after (before, the retry's new bound marked it applied: lost)."""
     with Engine(warehouse, spark=spark, retain_epochs=3) as eng:
         wh = Warehouse(eng, str(tmp_path / "sink"))
         for point in ("delta.commit:_commit_append", "meta:commit_epoch"):
@@ -213,8 +214,9 @@ def test_dml_between_a_failed_epoch_and_its_retry_applies_once(points, warehouse
             points.inject((point, points.counts[point] + (2 if "append" in point else 1)))
             assert not wh.step(), f"the fault at {point} did not fail the epoch"
             points.inject(None)
-            wh.dml(spark)  # staged after the failed attempt: applied by the next epoch
-            assert wh.step()
+            wh.dml(spark)  # staged after the failed attempt: applied by the epoch after
+            eng.step()  # the retry: the failed run's DML
+            assert wh.step()  # then the DML staged since (the model: both, in order)
             wh.check(spark, f"after DML between a failed epoch ({point}) and its retry")
 
 

@@ -5,9 +5,11 @@ sequence number, each creating job's chunk limit, and the epoch's processing
 time, which fills the processing-time columns of the rows it writes) and the
 plan persisted before any work, so a crash at any point is recovered by re-running the same
 plan: the appends that already landed are skipped (Delta application
-transactions) and the rest recomputed from the same inputs; an epoch whose run
-raised (a failed write or job) is re-run the same way by the next ``step``, before
-that step's own epoch. Nothing of ``e`` is visible before ``commit_epoch``.
+transactions) and the rest recomputed from the same inputs. An epoch whose run
+raised (a failed write or job, a damaged file) is run again by the next ``step``
+with the same inputs (``retry_plan``: DML bound, processing time, chunk limits),
+what was asked since (a RECOMPUTE) joining them. Nothing of ``e`` is visible
+before ``commit_epoch``.
 
 Epoch ``e``:
 1. inputs: the staged DML pinned by the plan;
@@ -70,7 +72,8 @@ from .cost import linear_cost
 from .refresh import FULL, RefreshPolicy
 from .replace import Switch, swapped, switch_delta, switched
 
-__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job", "queued_jobs"]
+__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job", "queued_jobs",
+           "retry_plan"]
 
 LOG = logging.getLogger("sparkfill")
 
@@ -448,11 +451,10 @@ class EpochCoordinator:
             self.meta.put(conn, RECOMPUTE_KEY, json.dumps(sorted(left)))
 
     def step(self) -> EpochReport:
-        # an epoch whose run raised (a full disk, a failed job) before its commit is
-        # finished first, with its own plan: appends of it may have landed, holding its
-        # inputs; a new plan's inputs (DML staged since) would not match them
-        self.recover()
         plan = self.plan()
+        pending = self.meta.pending_epoch()
+        if pending is not None and pending[0] == plan["epoch"]:
+            plan = retry_plan(pending[1], plan)
         self.meta.begin_epoch(plan["epoch"], plan)
         return self.execute(plan)
 
@@ -977,3 +979,19 @@ class EpochCoordinator:
                 if r.kind == "mv" and not r.internal]
 
 
+def retry_plan(failed: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """The plan of an epoch whose earlier run (``failed``, its persisted plan) raised
+    before its commit, some of its appends perhaps landed (each holding that run's
+    inputs, found again by its application transaction): ``fresh`` (what the
+    catalog asks now: a RECOMPUTE, a switch, a new MV's chunk) with the failed run's
+    inputs pinned: its DML bound (DML staged since waits for the next epoch: a
+    landed table append does not hold it), processing time, chunk limits and
+    parallelism. A failed SWAP is run again as it was."""
+    if failed.get("swap"):
+        return failed
+    plan = {**fresh, "dml_upto": failed["dml_upto"]}
+    if failed.get("proctime_us") is not None:
+        plan["proctime_us"] = failed["proctime_us"]
+    for key in ("limits", "parallelism"):
+        plan[key] = {**fresh.get(key, {}), **failed.get(key, {})}
+    return plan
