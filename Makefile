@@ -12,7 +12,11 @@
 #   make torture - the statement fuzzer at scale: N fuzzed statements and API calls from
 #                 SEED (default 10,000 from 1; tests/torture.py), printing how many were tried,
 #                 accepted, refused with a SparkfillError, internal errors and warehouses a
-#                 refused call changed (both must be 0), then the damaged-file cases
+#                 refused call changed (both must be 0), then the damaged-file cases, every
+#                 fault of tests/test_faults.py (ENOSPC, commit conflicts, failed jobs, an
+#                 object-store request cut, the meta store restarting; all points), and the
+#                 crash harness: SITES crash sites from SEED (tests/durability.py, default 200;
+#                 SITES=0: every site the workload reaches), printing its counts
 #   make clean  - remove caches and generated warehouses (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -25,6 +29,7 @@ WORKERS ?= 3
 # make torture's seed and number of fuzzed statements and API calls
 SEED ?= 1
 N ?= 10000
+SITES ?= 200
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -79,8 +84,12 @@ bench-nexmark: venv
 		--out bench/RESULTS.md
 
 torture: venv
+	@bash scripts/ensure_postgres.sh
 	@$(WITH_JAVA) $(VPY) tests/torture.py --seed $(SEED) --n $(N)
 	@$(WITH_JAVA) $(VPY) -m pytest -q -p no:xdist tests/test_damaged_files.py
+	@$(WITH_JAVA) SPARKFILL_TORTURE=1 $(VPY) -m pytest -q -s -p no:xdist tests/test_faults.py \
+		tests/test_meta_postgres.py::test_postgres_meta_store_restarting_between_epochs
+	@$(WITH_JAVA) $(VPY) tests/durability.py --seed $(SEED) --sites $(SITES)
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

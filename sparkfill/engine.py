@@ -36,6 +36,7 @@ from .errors import (
     EpochNotRetained,
     InvalidOption,
     MaterializedViewNotReady,
+    MetaStoreError,
     RelationExists,
     SparkfillError,
     SqlError,
@@ -163,14 +164,20 @@ def _epoch_number(as_of: Any) -> int:
 def _boundary(method: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        self = args[0]
+        self: Any = args[0]
         if getattr(self, "_closed", False):
             raise EngineClosed("the engine is closed")
         try:
+            self._reconnect()
             return method(*args, **kwargs)
         except SparkfillError:
             raise
         except Exception as exc:  # noqa: BLE001 - the boundary translates every error
+            if self.meta.broken:
+                raise MetaStoreError(
+                    f"Engine.{method.__name__}: the connection to the meta store ended (a "
+                    f"server restart?): {_translate(exc, 'meta store')}; nothing of this "
+                    "call is committed; the next call connects again") from exc
             raise _translate(exc, f"Engine.{method.__name__}") from exc
     return wrapper
 
@@ -265,6 +272,21 @@ class Engine:
 
     # --- lifecycle ------------------------------------------------------------------------
 
+    def _reconnect(self) -> None:
+        """After the PostgreSQL meta store's connections ended (a server restart, found
+        by the call that failed on them): connect again, take the writer lock again
+        (``WarehouseLocked`` if another engine took it meanwhile) and recover as a
+        reopen would: reload the catalog, re-run an epoch left in flight."""
+        lock = self._lock if isinstance(self._lock, AdvisoryLock) else None
+        if not self.meta.broken and (lock is None or not lock.lost):
+            return
+        if lock is not None and not self.read_only:
+            lock.reacquire()
+        self.meta.reconnect()
+        self.catalog.reload()
+        if not self.read_only:
+            self._recover()
+
     def _recover(self) -> None:
         """Clean what no committed epoch refers to; restart what lost its memory;
         re-run the epoch that was in flight."""
@@ -294,18 +316,27 @@ class Engine:
     def _restart_job(self, rel: Relation) -> None:
         """Start a creating job over on a fresh, empty relation (its in-memory
         state was lost)."""
-        fresh = []
-        for r in (rel, *self.catalog.states_of(rel)):
-            new_dir = f"{r.id:06d}-{r.name}-{uuid.uuid4().hex[:6]}"
-            fresh.append((r, new_dir, self.store.create(new_dir, r.columns)))
+        olds = (rel, *self.catalog.states_of(rel))
+        dirs = [f"{r.id:06d}-{r.name}-{uuid.uuid4().hex[:6]}" for r in olds]
+        # the fresh folders pending until the switch to them commits, the old ones
+        # from then until removed: a crash anywhere leaves nothing recovery misses
+        with self.meta.transaction() as conn:
+            for r, new_dir in zip(olds, dirs, strict=True):
+                self.meta.put_pending_dir(conn, r.id, f"{self.store.root}/{new_dir}")
+        versions = [self.store.create(new_dir, r.columns)
+                    for r, new_dir in zip(olds, dirs, strict=True)]
         with self.meta.transaction() as conn:
             conn.execute("DELETE FROM backfill_progress WHERE mv_id = ?", (rel.id,))
-            for r, new_dir, version in fresh:
+            for r, new_dir, version in zip(olds, dirs, versions, strict=True):
                 self.meta.reset_relation(conn, r.id, new_dir, rel.created_epoch, version)
+                conn.execute("DELETE FROM pending_dirs WHERE dir = ?",
+                             (f"{self.store.root}/{new_dir}",))
+                self.meta.put_pending_dir(conn, r.id, self.store.path(r.stored))
             for leaf in range(len(rel.upstreams)):
                 self.meta.put_progress(conn, state_to_row(rel.id, NotStarted(), None, leaf))
-        for r, _, _ in fresh:
+        for r in olds:
             self.store.delete(r.dir)
+        self.meta.remove_pending_dirs([self.store.path(r.stored) for r in olds])
 
     def close(self) -> None:
         if self._closed:
@@ -335,7 +366,8 @@ class Engine:
     @_boundary
     def step(self) -> EpochReport:
         """Run and commit one epoch: stage the sources' input for it, run it, and
-        bring the sinks up to it."""
+        bring the sinks up to it. After a ``step()`` that raised, the epoch runs with
+        the failed run's inputs (DML staged since then waits for the next epoch)."""
         self._writable("step()")
         behind: list[str] = []
         try:  # behind after a crash; one that cannot catch up (an MV's data file damaged
@@ -517,12 +549,19 @@ class Engine:
         transaction (all or none)."""
         created: list[str] = []
         every = [r for rel, owned in groups for r in (rel, *owned)]
+        folders = [f"{self.store.root}/{r.dir}" for r in every]
+        # pending until the relations commit: a crash between leaves no folder behind
+        with self.meta.transaction() as conn:
+            for r, folder in zip(every, folders, strict=True):
+                self.meta.put_pending_dir(conn, r.id, folder)
         try:
             versions = []
             for r in every:
                 versions.append(self.store.create(r.dir, r.columns))
                 created.append(r.dir)
             with self.meta.transaction() as conn:
+                for folder in folders:
+                    conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (folder,))
                 for r, version in zip(every, versions, strict=True):
                     self.meta.add_relation(conn, r.to_row(), version)
                 for rel, _ in groups:
@@ -535,6 +574,7 @@ class Engine:
         except BaseException:
             for dir_ in created:
                 self.store.delete(dir_)
+            self.meta.remove_pending_dirs(folders)
             raise
         self.catalog.reload()
 
@@ -788,9 +828,10 @@ class Engine:
         dropped = [*(mvs or [rel]), *states]
         with self.meta.transaction() as conn:
             for r in dropped:
-                self.meta.drop_relation(conn, r.id)
+                self.meta.drop_relation(conn, r.id, self.store.path(r.stored))
         for r in dropped:
             self.store.delete(r.dir)
+        self.meta.remove_pending_dirs([self.store.path(r.stored) for r in dropped])
         self.stager.remove_applied(staged)
         for mv in mvs:
             self.coordinator.scan.forget(mv.id)

@@ -6,7 +6,9 @@ visible rows at one committed epoch ``e`` and records ``e`` as the version of
 the sink's Delta application transaction (``sparkfill-sink-<id>``) in the same
 commit; a sync to ``e`` is skipped when the table already records ``e``, so an
 epoch is written once whatever crashes, and a reader sees the MV as of some
-committed epoch, never between two.
+committed epoch, never between two. A sync whose commit raised removes the files
+it wrote only once the table is found not to record ``e`` (a commit whose reply
+was lost landed, and references them).
 
 Layout: the table's files are split into ``buckets`` (default 16) by the MV's
 vnode (``bucket = vnode * buckets / 256``). An epoch rewrites the buckets its
@@ -318,14 +320,26 @@ class SinkManager:
                         actions.append(RemoveAction(path, True, now_ms, size))
             dt.create_write_transaction(actions, mode="overwrite" if hit is None else "append",
                                         schema=dt.schema(), commit_properties=props)
-        except BaseException:
-            try:
-                fs.rmtree(target)
-            except OSError:
-                pass  # the next sync's _clean_attempts removes it
-            raise
+        except BaseException as exc:
+            if isinstance(exc, Exception) and self._landed(sink, epoch):
+                pass  # the commit landed, its reply was lost: its files are the table's
+            else:
+                try:
+                    fs.rmtree(target)
+                except OSError:
+                    pass  # the next sync's _clean_attempts removes it
+                raise
         if epoch % 10 == 0:
             self._vacuum(sink)
+
+    def _landed(self, sink: SinkRow, epoch: int) -> bool:
+        """Whether the sink's table records ``epoch`` (read afresh): a commit that
+        raised may have landed (a reply lost, a retry that found it done)."""
+        try:
+            done = self._fs(sink.path).delta(sink.path).transaction_version(self.app_id(sink))
+        except Exception:  # noqa: BLE001 - unknown: treated as not landed
+            return False
+        return done is not None and int(done) >= epoch
 
     @staticmethod
     def _listed(fs: Warehouse, target: str) -> list[tuple[str, int, int]]:

@@ -2,8 +2,8 @@
 
 ``pg_server()`` starts one from Debian's ``postgresql`` package on a free port (as the
 ``postgres`` user when run as root: the server refuses to run as root) and stops it
-on exit; without the package's binaries it raises ``PgUnavailable`` saying how to
-install them (``.ci/run`` does)."""
+on exit (``restart(url)`` restarts it, ending every connection); without the package's
+binaries it raises ``PgUnavailable`` saying how to install them (``.ci/run`` does)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,19 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import free_port
+
+#: the server of each URL ``pg_server`` yields: how to restart it
+_RESTARTS: dict[str, Callable[[], None]] = {}
+
+
+def restart(url: str) -> None:
+    """Restart the server of ``url`` (a fast shutdown: every connection ends)."""
+    _RESTARTS[url]()
 
 
 class PgUnavailable(RuntimeError):
@@ -78,9 +86,13 @@ def pg_server() -> Iterator[str]:
                "-c full_page_writes=off -c shared_buffers=16MB -c max_connections=50")
     run(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w",
         "-t", "60", "start")
+    url = f"postgresql://sparkfill@127.0.0.1:{port}/postgres"
+    _RESTARTS[url] = lambda: run(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log),
+                                 "-o", options, "-m", "fast", "-w", "-t", "60", "restart")
     try:
-        yield f"postgresql://sparkfill@127.0.0.1:{port}/postgres"
+        yield url
     finally:
+        _RESTARTS.pop(url, None)
         subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate",
                         "-w", "stop"], capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)

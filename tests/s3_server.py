@@ -80,3 +80,84 @@ class S3Server:
             found += [o["Key"] for o in page.get("Contents", [])]
         return found
 
+
+
+_METHODS = (b"GET ", b"PUT ", b"POST ", b"HEAD ", b"DELETE ")
+
+
+class FlakyProxy:
+    """A TCP proxy on loopback in front of an S3 server (``upstream``, ``host:port``)
+    that fails chosen requests as a request that timed out does: ``fail_after(n)``
+    cuts the connection carrying the ``n``-th request from now (both sides closed,
+    no reply), once. ``dropped`` counts the requests cut."""
+
+    def __init__(self, upstream: str) -> None:
+        import threading
+
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.dropped = 0
+        self._countdown: int | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def fail_after(self, n: int | None) -> None:
+        with self._lock:
+            self._countdown = n
+
+    def _cut(self, data: bytes) -> bool:
+        if not data.startswith(_METHODS):
+            return False
+        with self._lock:
+            if self._countdown is None:
+                return False
+            self._countdown -= 1
+            if self._countdown > 0:
+                return False
+            self._countdown = None
+            self.dropped += 1
+            return True
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=60)
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pump, args=(client, upstream, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False),
+                             daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data or (requests and self._cut(data)):
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.sock.close()

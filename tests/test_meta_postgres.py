@@ -10,6 +10,7 @@ package's binaries the fixture fails: install it with
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import time
 
 import pytest
-from helpers import check_mv, free_port, mv_sql, subprocess_env
+from helpers import TableModel, assert_rows_equal, check_mv, free_port, mv_sql, subprocess_env
 
 # --- the meta store alone (no Spark) -------------------------------------------------------
 
@@ -321,3 +322,52 @@ def test_lock_of_a_killed_writer_is_released(spark, pg_url, tmp_path):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def test_postgres_meta_store_restarting_between_epochs(spark, pg_url, tmp_path):
+    """Between epochs the server restarts (every connection of the engine ends): the
+    call that finds out raises MetaStoreError and commits nothing; the next call
+    connects again, takes the writer lock again and works; DML applies once."""
+    from pg_server import restart
+
+    from sparkfill import Engine, MetaStoreError
+
+    wh = str(tmp_path / "wh")
+    rng = random.Random(3)
+    model = TableModel(["id", "g", "v"])
+
+    def rows() -> list[dict]:
+        return list({r["id"]: r for r in ({"id": rng.randrange(100), "g": rng.randrange(3),
+                                           "v": rng.randrange(20)} for _ in range(15))}
+                    .values())
+
+    with Engine(wh, spark=spark, meta=pg_url) as eng:
+        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+        first = rows()
+        eng.insert("t", first)
+        model.insert(first)
+        eng.step()
+        model.step()
+        eng.sql("CREATE MATERIALIZED VIEW agg WITH (backfill = 'blocking') AS "
+                "SELECT g, COUNT(*) AS c, SUM(v) AS sv FROM t GROUP BY g")
+        eng.step()
+        model.step()
+        failed = 0
+        for _ in range(2):
+            restart(pg_url)  # between epochs: every connection of the engine ends
+            batch = rows()
+            try:  # the first call finds the connection ended: refused, nothing committed
+                eng.insert("t", batch)
+            except MetaStoreError as exc:
+                assert "connection to the meta store ended" in str(exc), exc
+                failed += 1
+                eng.insert("t", batch)  # the next call connects again
+            model.insert(batch)
+            eng.step()
+            model.step()
+            assert_rows_equal(eng.read("t"), model.rows(), label="t after a restart")
+            assert not eng.verify("agg").collect()
+        assert failed == 2
+    # the writer lock was taken again, and released on close
+    Engine(wh, spark=spark, meta=pg_url).close()
+

@@ -5,8 +5,11 @@ sequence number, each creating job's chunk limit, and the epoch's processing
 time, which fills the processing-time columns of the rows it writes) and the
 plan persisted before any work, so a crash at any point is recovered by re-running the same
 plan: the appends that already landed are skipped (Delta application
-transactions) and the rest recomputed from the same inputs. Nothing of ``e`` is
-visible before ``commit_epoch``.
+transactions) and the rest recomputed from the same inputs. An epoch whose run
+raised (a failed write or job, a damaged file) is run again by the next ``step``
+with the same inputs (``retry_plan``: DML bound, processing time, chunk limits),
+what was asked since (a RECOMPUTE) joining them. Nothing of ``e`` is visible
+before ``commit_epoch``.
 
 Epoch ``e``:
 1. inputs: the staged DML pinned by the plan;
@@ -69,7 +72,8 @@ from .cost import linear_cost
 from .refresh import FULL, RefreshPolicy
 from .replace import Switch, swapped, switch_delta, switched
 
-__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job", "queued_jobs"]
+__all__ = ["EpochCoordinator", "STALL_EPOCHS", "uses_snapshot_job", "queued_jobs",
+           "retry_plan"]
 
 LOG = logging.getLogger("sparkfill")
 
@@ -448,6 +452,9 @@ class EpochCoordinator:
 
     def step(self) -> EpochReport:
         plan = self.plan()
+        pending = self.meta.pending_epoch()
+        if pending is not None and pending[0] == plan["epoch"]:
+            plan = retry_plan(pending[1], plan)
         self.meta.begin_epoch(plan["epoch"], plan)
         return self.execute(plan)
 
@@ -455,6 +462,7 @@ class EpochCoordinator:
         """Run the epoch of ``ALTER MATERIALIZED VIEW a SWAP WITH b``: no DML, no
         backfill chunk, no switch or recompute (those wait for the next epoch); only
         the two MVs' differences, and what follows from them downstream."""
+        self.recover()  # an epoch that failed before its commit first (``step``)
         plan = {**self.plan(), "dml_upto": 0, "recompute": [], "switch": {},
                 "swap": [a.id, b.id]}
         plan["limits"] = dict.fromkeys(plan["limits"], 0)
@@ -600,6 +608,8 @@ class EpochCoordinator:
             tagged_versions=appends.tagged, proctime_us=int(plan["proctime_us"]),
             definitions={k: v for sw in switches for k, v in sw.definitions.items()},
             dropped=[r.id for sw in switches for r in sw.dropped],
+            dropped_folders={r.id: self.store.path(r.stored) for sw in switches
+                             for r in sw.dropped},
             backfill_seconds=backfill_seconds,
             changes=sum(c.get("+", 0) + c.get("-", 0) + c.get("U+", 0)
                         for c in counts.values()),
@@ -776,6 +786,7 @@ class EpochCoordinator:
             self.store.delete(rel.dir)
             self.scan.forget(rel.id)
             self.refresh.forget(rel.id)
+        self.meta.remove_pending_dirs([self.store.path(r.stored) for r in switch.dropped])
         for rel_id in switch.definitions:
             self.refresh.forget(rel_id)  # a new query: its measured costs start over
 
@@ -968,3 +979,19 @@ class EpochCoordinator:
                 if r.kind == "mv" and not r.internal]
 
 
+def retry_plan(failed: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """The plan of an epoch whose earlier run (``failed``, its persisted plan) raised
+    before its commit, some of its appends perhaps landed (each holding that run's
+    inputs, found again by its application transaction): ``fresh`` (what the
+    catalog asks now: a RECOMPUTE, a switch, a new MV's chunk) with the failed run's
+    inputs pinned: its DML bound (DML staged since waits for the next epoch: a
+    landed table append does not hold it), processing time, chunk limits and
+    parallelism. A failed SWAP is run again as it was."""
+    if failed.get("swap"):
+        return failed
+    plan = {**fresh, "dml_upto": failed["dml_upto"]}
+    if failed.get("proctime_us") is not None:
+        plan["proctime_us"] = failed["proctime_us"]
+    for key in ("limits", "parallelism"):
+        plan[key] = {**fresh.get(key, {}), **failed.get(key, {})}
+    return plan

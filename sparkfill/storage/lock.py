@@ -9,13 +9,16 @@ connection of its own while the Engine is open: it needs no shared filesystem,
 and the server releases it when that connection ends, which a SIGKILLed holder's
 does at once (a holder whose machine vanishes: when the server's TCP keepalive
 gives up). Every write transaction first checks that the lock is still held
-(``AdvisoryLock.check``), so a writer whose lock connection died writes nothing.
+(``AdvisoryLock.check``), so a writer whose lock connection died writes nothing
+until it took the lock again (``reacquire``, on a new connection: the Engine's next
+call after a server restart), refused if another engine took it meanwhile.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,28 @@ class AdvisoryLock:
         self.key = key
         self.name = name
         self._pid: int | None = None
+        #: opens a new connection for ``reacquire`` (set by whoever opened ``conn``)
+        self.connect: Callable[[], Any] | None = None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock's connection ended (so the server released the lock)."""
+        return bool(self.conn.closed or self.conn.broken)
+
+    def reacquire(self) -> None:
+        """Take the lock again on a new connection, once ``lost`` (a server restart);
+        ``WarehouseLocked`` if another engine took it meanwhile."""
+        if self.connect is None:
+            raise WarehouseLocked(f"warehouse {self.name}: this engine lost its writer lock "
+                                  "(its connection to the meta store ended); close it and "
+                                  "open the warehouse again")
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass
+        self._pid = None
+        self.conn = self.connect()
+        self.acquire()
 
     def acquire(self) -> None:
         if not self.conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()[0]:

@@ -244,6 +244,8 @@ class EpochCommit:
     #: replaced definition's state tables and links, the replacement)
     definitions: dict[int, dict[str, Any]] = field(default_factory=dict)
     dropped: list[int] = field(default_factory=list)
+    #: the dropped relations' folders, pending until their files are removed
+    dropped_folders: dict[int, str] = field(default_factory=dict)
     #: the parts of its row of ``epochs`` (``EpochRow``): the creating jobs' share of
     #: ``seconds``, the rows its Δs changed, the Spark jobs it ran
     backfill_seconds: float | None = None
@@ -292,6 +294,22 @@ class MetaStore:
             self._pg.raw.close()
         else:
             self._lite.close()
+
+    @property
+    def broken(self) -> bool:
+        """Whether the PostgreSQL connection ended (a server restart, the network): found
+        by the statement that failed on it; never for SQLite."""
+        return self._pg is not None and bool(self._pg.raw.closed or self._pg.raw.broken)
+
+    def reconnect(self) -> None:
+        """Open the PostgreSQL connection again (after ``broken``)."""
+        assert isinstance(self.path, PgTarget) and self._pg is not None
+        try:
+            self._pg.raw.close()
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass
+        self._pg = _PgConn(_pg_open(self.path, self.read_only))
+        self._conn = self._pg
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -366,12 +384,17 @@ class MetaStore:
         self.put(conn, "max_relation_id", str(rel.id))
         self.set_version(conn, rel.id, rel.created_epoch, version)
 
-    def drop_relation(self, conn: Conn, rel_id: int) -> None:
+    def drop_relation(self, conn: Conn, rel_id: int, folder: str | None = None) -> None:
+        """Remove a relation from the catalog; ``folder`` (its table's URI) is registered
+        as pending in the same transaction, so that a crash before its files are removed
+        leaves nothing recovery does not remove (``remove_pending_dirs`` once they are)."""
         for table in ("relation_versions", "dml_batches", "removed_files", "pending_dirs",
                       "sources", "source_files"):
             conn.execute(f"DELETE FROM {table} WHERE rel_id = ?", (rel_id,))
         conn.execute("DELETE FROM backfill_progress WHERE mv_id = ?", (rel_id,))
         conn.execute("DELETE FROM relations WHERE id = ?", (rel_id,))
+        if folder is not None:
+            self.put_pending_dir(conn, rel_id, folder)
 
     def update_definition(self, conn: Conn, rel_id: int,
                           definition: dict[str, Any]) -> None:
@@ -554,7 +577,7 @@ class MetaStore:
                 conn.execute("UPDATE relations SET state = 'created', ready_epoch = ? WHERE id = ?",
                              (c.epoch, rel_id))
             for rel_id in c.dropped:
-                self.drop_relation(conn, rel_id)
+                self.drop_relation(conn, rel_id, c.dropped_folders.get(rel_id))
             for rel_id, definition in c.definitions.items():
                 self.update_definition(conn, rel_id, definition)
             conn.execute("DELETE FROM dml_batches WHERE seq <= ?", (c.applied_dml_upto,))
@@ -614,12 +637,23 @@ class MetaStore:
 
     def add_pending_dir(self, rel_id: int, dir_: str) -> None:
         with self.transaction() as conn:
-            conn.execute("INSERT INTO pending_dirs(dir, rel_id) VALUES (?, ?) "
-                         "ON CONFLICT(dir) DO UPDATE SET rel_id = excluded.rel_id", (dir_, rel_id))
+            self.put_pending_dir(conn, rel_id, dir_)
+
+    def put_pending_dir(self, conn: Conn, rel_id: int, dir_: str) -> None:
+        """Register ``dir_`` (a URI) as pending in ``conn``'s transaction: recovery
+        removes it unless ``rel_id``'s table references files under it."""
+        conn.execute("INSERT INTO pending_dirs(dir, rel_id) VALUES (?, ?) "
+                     "ON CONFLICT(dir) DO UPDATE SET rel_id = excluded.rel_id", (dir_, rel_id))
 
     def remove_pending_dir(self, dir_: str) -> None:
+        self.remove_pending_dirs([dir_])
+
+    def remove_pending_dirs(self, dirs: Sequence[str]) -> None:
+        if not dirs:
+            return
         with self.transaction() as conn:
-            conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (dir_,))
+            for dir_ in dirs:
+                conn.execute("DELETE FROM pending_dirs WHERE dir = ?", (dir_,))
 
     def pending_dirs(self) -> list[tuple[int, str]]:
         rows = self._conn.execute("SELECT rel_id, dir FROM pending_dirs").fetchall()
@@ -849,6 +883,8 @@ def open_postgres(warehouse: Warehouse | Path | str, url: str,
         target = PgTarget(url, schema, warehouse.uri)
         lock = AdvisoryLock(conn, _lock_key(schema),
                             f"{warehouse} (meta store {target.shown}, schema {schema})")
+        lock.connect = lambda: _pg_connect(
+            url, f"sparkfill writer pid {os.getpid()}@{os.uname().nodename}")
         lock.acquire()
         if existed and not _schema_exists(conn, schema) \
                 and warehouse.list(warehouse.join("relations")):

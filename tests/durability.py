@@ -1,0 +1,235 @@
+"""Crash at every durability point (issue 35, item 1): the harness.
+
+A *site* is the ``k``-th occurrence of a durability point ``p`` (``durability_points``)
+in a run of the workload (``durability_driver``) from an empty warehouse. The harness
+
+1. runs the workload once whole (the *reference*), logging every point it reaches:
+   the sites, and the source table's rows per epoch;
+2. for each site chosen: runs the workload from an empty warehouse in a child process
+   that ``os._exit``\\ s right after site ``(p, k)`` (as SIGKILL would); optionally
+   reopens it in a second child that is killed during its recovery (after its
+   ``n``-th durable act of any kind); then finishes the workload in a last child,
+   which recovers, runs to the end and checks the oracle (``durability_driver.check``:
+   DML exactly once against the journal, every MV against its batch query at every
+   retained epoch, the sink against its MV, no dangling or orphan file, no leaked
+   lock).
+
+The children are light Python processes: they share one Spark Connect server (a
+child's ``os._exit`` kills the engine, its Python process, for real; the server, which
+holds nothing durable, lives on), so a site costs one workload and a check (about a
+minute on two shared cores), not also two Spark start-ups.
+
+Invariant: a site counts as *exact* only when its child died there (exit status
+``CRASH_EXIT``) and the finishing child's checks all held; a site the child did not
+reach (the workload's timing differs a little from run to run: a rate-limited job)
+is reported apart, never counted.
+
+    python tests/durability.py --seed 1 --sites 200            # make torture's crash part
+    python tests/durability.py --sites 8 --points meta:commit_epoch,rename:stage
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, TESTS_DIR)
+
+import durability_points as dp  # noqa: E402
+from helpers import subprocess_env  # noqa: E402
+
+DRIVER = os.path.join(TESTS_DIR, "durability_driver.py")
+#: a child that takes longer than this is stuck
+CHILD_TIMEOUT = 900.0
+
+
+@dataclass
+class Outcome:
+    site: str
+    status: str  # exact | failed | unreached
+    recovery_crash: int | None = None
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+class Harness:
+    def __init__(self, root: str, remote: str, log=print) -> None:
+        self.root = root
+        self.remote = remote
+        self.log = log
+        self.reference = os.path.join(root, "reference")
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = subprocess_env()
+        env["SPARK_REMOTE"] = self.remote
+        for key in (dp.CRASH_ENV, dp.FAULT_ENV, dp.LOG_ENV):
+            env.pop(key, None)
+        env.update(extra)
+        return env
+
+    def child(self, mode: str, base: str, **env: str) -> tuple[int, list[str], str]:
+        """Run the driver in ``mode`` over ``base``'s warehouse; (exit status, stdout
+        lines, the tail of its stderr)."""
+        err_path = os.path.join(base, f"{mode}-{len(os.listdir(base))}.err")
+        with open(err_path, "wb") as err:
+            proc = subprocess.run(
+                [sys.executable, DRIVER, mode, os.path.join(base, "wh"),
+                 os.path.join(base, "journal.jsonl"),
+                 os.path.join(self.reference, "reference.json")],
+                stdout=subprocess.PIPE, stderr=err, env=self._env(**env),
+                timeout=CHILD_TIMEOUT, cwd=base)
+        with open(err_path, "rb") as f:
+            tail = f.read()[-3000:].decode(errors="replace")
+        return proc.returncode, proc.stdout.decode(errors="replace").splitlines(), tail
+
+    def record(self) -> collections.Counter[str]:
+        """The reference run: every site the workload reaches, by point."""
+        shutil.rmtree(self.reference, ignore_errors=True)
+        os.makedirs(self.reference)
+        points = os.path.join(self.reference, "points.log")
+        code, out, tail = self.child("reference", self.reference, **{dp.LOG_ENV: points})
+        if code != 0:
+            raise RuntimeError(f"the reference run failed ({code}):\n{tail}\n{out[-5:]}")
+        with open(points) as f:
+            return collections.Counter(line.strip() for line in f if line.strip())
+
+    def crash_site(self, point: str, k: int, recovery_crash: int | None = None) -> Outcome:
+        site = f"{point}#{k}"
+        base = tempfile.mkdtemp(prefix="site-", dir=self.root)
+        started = time.time()
+        outcome = Outcome(site, "exact", recovery_crash)
+        code, out, tail = self.child("run", base, **{dp.CRASH_ENV: site})
+        if code != dp.CRASH_EXIT:
+            outcome.status = "unreached" if code == 0 else "failed"
+            if code != 0:
+                outcome.problems.append(f"the crashing run failed ({code}) before the "
+                                        f"site:\n{tail}")
+        elif recovery_crash is not None:
+            code, out, tail = self.child("run", base, **{dp.CRASH_ENV: f"*#{recovery_crash}"})
+            if code not in (dp.CRASH_EXIT, 0):
+                outcome.status = "failed"
+                outcome.problems.append(f"the recovering run failed ({code}):\n{tail}")
+        if outcome.status == "exact":
+            code, out, tail = self.child("check", base)
+            if code != 0:
+                outcome.status = "failed"
+                outcome.problems += [ln[len("PROBLEM "):] for ln in out
+                                     if ln.startswith("PROBLEM ")] or [f"({code})\n{tail}"]
+        outcome.seconds = time.time() - started
+        if outcome.status == "failed":
+            outcome.problems.append(f"(kept in {base})")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+        return outcome
+
+
+def choose_sites(reached: collections.Counter[str], n: int, seed: int,
+                 points: list[str] | None = None) -> list[tuple[str, int]]:
+    """``n`` sites (all when ``n`` is 0): first, of every point, its 1st, 2nd, 3rd and
+    last occurrence; then seeded random others."""
+    rng = random.Random(seed)
+    names = sorted(p for p in reached if points is None or p in points)
+    first: list[tuple[str, int]] = []
+    for p in names:
+        ks = sorted({1, 2, 3, reached[p]} & set(range(1, reached[p] + 1)))
+        first += [(p, k) for k in ks]
+    rest = [(p, k) for p in names for k in range(1, reached[p] + 1) if (p, k) not in first]
+    rng.shuffle(first)
+    rng.shuffle(rest)
+    every = first + rest
+    return every if n <= 0 else every[:n]
+
+
+def run(args: argparse.Namespace, log=print) -> int:
+    from connect_server import ConnectServer
+
+    root = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkfill-durability-"))
+    os.makedirs(root, exist_ok=True)
+    started = time.time()
+    server = None
+    remote = args.remote
+    if remote is None:
+        from pathlib import Path
+
+        server = ConnectServer(Path(root)).__enter__()
+        remote = server.url
+    try:
+        harness = Harness(root, remote, log)
+        reached = harness.record()
+        log(f"durability: reference run reached {len(reached)} points, "
+            f"{sum(reached.values())} sites, in {time.time() - started:.0f} s")
+        sites = choose_sites(reached, args.sites, args.seed,
+                             args.points.split(",") if args.points else None)
+        rng = random.Random(args.seed)
+        outcomes: list[Outcome] = []
+        for i, (point, k) in enumerate(sites):
+            if args.budget and time.time() - started > args.budget:
+                log(f"durability: time budget of {args.budget:.0f} s spent: "
+                    f"{len(sites) - i} sites left untried")
+                break
+            # every ``recovery_every``-th site also crashes the reopening's recovery
+            rc = rng.randint(1, 6) if args.recovery_every and i % args.recovery_every == 0 \
+                else None
+            o = harness.crash_site(point, k, rc)
+            outcomes.append(o)
+            log(f"durability: [{i + 1}/{len(sites)}] {o.site}"
+                f"{f' +recovery *#{rc}' if rc else ''}: {o.status} ({o.seconds:.0f} s)")
+            for p in o.problems:
+                log(f"    {p}")
+        return report(outcomes, reached, time.time() - started, log)
+    finally:
+        if server is not None:
+            server.__exit__(None, None, None)
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def report(outcomes: list[Outcome], reached: collections.Counter[str], seconds: float,
+           log=print) -> int:
+    exact = [o for o in outcomes if o.status == "exact"]
+    failed = [o for o in outcomes if o.status == "failed"]
+    unreached = [o for o in outcomes if o.status == "unreached"]
+    per_point = collections.Counter(o.site.rpartition("#")[0] for o in exact)
+    recovery = sum(1 for o in exact if o.recovery_crash)
+    log("")
+    log(f"durability: {len(outcomes)} crash sites tried of {sum(reached.values())} reached "
+        f"({len(reached)} points), {seconds:.0f} s")
+    log(f"durability: exact {len(exact)} (of which {recovery} with a crash of the "
+        f"recovery too), failed {len(failed)} (must be 0), unreached {len(unreached)}")
+    log(f"durability: points exercised {len(per_point)} of {len(reached)}; occurrences "
+        f"per point min {min(per_point.values(), default=0)}")
+    for p in sorted(reached):
+        log(f"durability:   {p}: {per_point.get(p, 0)} of {reached[p]} exact")
+    for o in failed:
+        log(f"durability: FAILED {o.site}: " + "\n  ".join(o.problems))
+    return 1 if failed or not exact else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sites", type=int, default=200, help="crash sites (0: every one)")
+    ap.add_argument("--points", default=None, help="only these points (comma-separated)")
+    ap.add_argument("--recovery-every", type=int, default=5,
+                    help="every n-th site also crashes the recovery (0: never)")
+    ap.add_argument("--remote", default=None,
+                    help="a Spark Connect server's URL (default: start one)")
+    ap.add_argument("--dir", default=None, help="where warehouses go (kept)")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds after which no new site starts (0: none)")
+    args = ap.parse_args(argv)
+    return run(args, log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""CI's slice of the crash-at-every-site harness (``durability.py``; ``make torture``
+runs hundreds of sites): the workload shortened to its first four steps (tables, a
+source, DML, MVs of every backfill strategy, a rate-limited snapshot job, an MV over
+an MV, a sink), a child killed right after a fixed site, then its recovery killed
+too, then finished and checked by the oracle (``durability_driver.check``).
+
+Invariant: a site passes only when the child died there and every check of the
+finished warehouse held (DML exactly once, MVs and sinks exact, no file or folder left
+behind, no lock leaked)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import durability_driver as dd
+import pytest
+from durability import Harness
+
+#: (site, crash of the recovery after its n-th act, or None): an epoch in flight whose
+#: recovery (a buffer job restarting on fresh folders) is killed too; ``make torture``
+#: runs hundreds
+SITES = [("meta:begin_epoch", 3, 2)]
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    from connect_server import ConnectServer
+
+    with ConnectServer(tmp_path_factory.mktemp("durability-connect")) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize(("point", "k", "recovery"), SITES)
+def test_crash_at_a_site_then_recover_exactly(connect_url, tmp_path, monkeypatch, point, k,
+                                              recovery):
+    monkeypatch.setenv(dd.STEPS_ENV, "4")
+    harness = Harness(str(tmp_path), connect_url)
+    Path(harness.reference).mkdir()  # no reference run: the source is not compared
+    outcome = harness.crash_site(point, k, recovery)
+    assert outcome.status == "exact", "\n".join(outcome.problems)
