@@ -58,10 +58,11 @@ def test_comma_joins_take_their_equalities_from_where():
         "SELECT o_custkey FROM orders JOIN lineitem ON o_orderkey = l_orderkey WHERE l_qty > 3"
     assert rewrite("SELECT x.id FROM t x, d y WHERE y.k = x.k") == \
         "SELECT x.id FROM t AS x JOIN d AS y ON y.k = x.k"
-    # k is a column of both: unqualified, it names no one relation
-    assert "CROSS JOIN" in rewrite("SELECT id FROM t, d WHERE k = k")
-    # no equality between the two: still a cross join (refused by the planner)
-    assert "CROSS JOIN" in rewrite("SELECT t.id FROM t, d WHERE t.v < d.k")
+    # k is a column of both: unqualified, it names no one relation; without an
+    # equality the cross join is a join on a constant (every pair matches)
+    assert "AS __sf_one FROM d) AS d ON 1 = d.__sf_one" in \
+        rewrite("SELECT id FROM t, d WHERE k = k")
+    assert "ON 1 = d.__sf_one" in rewrite("SELECT t.id FROM t, d WHERE t.v < d.k")
     # an explicit join is left as written
     assert rewrite("SELECT t.id FROM t LEFT JOIN d ON t.k = d.k WHERE t.v = d.k") == \
         "SELECT t.id FROM t LEFT JOIN d ON t.k = d.k WHERE t.v = d.k"
@@ -124,9 +125,13 @@ def test_subqueries_become_joins_with_derived_tables():
     # correlated by two comparisons: left as written (the planner refuses it)
     sql = "SELECT id FROM t WHERE EXISTS (SELECT * FROM d WHERE d.k < t.k AND d.name > t.v)"
     assert "EXISTS" in rewrite(sql)
-    # a scalar subquery that is not one aggregate row: left as written
-    assert "(SELECT k FROM d" in rewrite("SELECT id FROM t WHERE v = (SELECT k FROM d "
-                                         "WHERE name = 'a')")
+    # a scalar subquery that is not one aggregate: its one row's value, NULL over none
+    assert "(SELECT CASE WHEN COUNT(*) = 1 THEN MAX(__sf_c) END AS __sf_v, 1 AS __sf_one " \
+        "FROM (SELECT k AS __sf_c FROM d WHERE name = 'a') AS __sf_scalar)" in rewrite(
+            "SELECT id FROM t WHERE v = (SELECT k FROM d WHERE name = 'a')")
+    # correlated: left as written (refused by the planner)
+    assert "(SELECT k FROM d WHERE d.id = t.id)" in rewrite(
+        "SELECT id FROM t WHERE v = (SELECT k FROM d WHERE d.id = t.id)")
 
 
 # --- the decorrelated queries mean what the originals do (Spark) ---------------------------

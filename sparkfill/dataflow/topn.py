@@ -1,9 +1,11 @@
 """Top-N: ``ORDER BY ... LIMIT`` (with ``OFFSET``) over one leaf.
 
 Invariant: the MV holds the first ``offset + limit`` rows of its input in the
-order (ties broken by the MV's key). It keeps no state table: when its input
-changed, it reads the leaf's rows at ``e-1`` whole, applies the epoch's Δ, ranks
-them again and diffs the result against its own rows at ``e-1``.
+order (ties broken by the MV's key); the order names input columns (the MV's own,
+which it selects from its input by name, or ORDER BY expressions it does not keep).
+It keeps no state table: when its input changed, it reads the leaf's rows at
+``e-1`` whole, applies the epoch's Δ, ranks them again and diffs the result
+against its own rows at ``e-1``.
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ def top_rows(mv: Relation, rows: DataFrame) -> DataFrame:
     order = [f"{quoted(c)} {'DESC' if desc else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}"
              for c, desc, nf in spec.order]
     order += [f"{quoted(k)} ASC" for k in mv.key]
-    ranked = project(plan, [rows]).selectExpr(
+    # ranked over the input's rows: the order may name input columns the MV does not
+    # keep; the MV's columns are input columns selected by name
+    ranked = rows.selectExpr(
         "*", f"row_number() OVER (ORDER BY {', '.join(order)}) AS _sf_rank")
-    return ranked.where(f"_sf_rank > {spec.offset} AND _sf_rank <= "
-                        f"{spec.offset + spec.limit}").selectExpr(
-        *names_sql([c.name for c in mv.columns]))
+    kept = ranked.where(f"_sf_rank > {spec.offset} AND _sf_rank <= "
+                        f"{spec.offset + spec.limit}").drop("_sf_rank")
+    return project(plan, [kept]).selectExpr(*names_sql([c.name for c in mv.columns]))
 
 
 def rebuilt_top_n(store: RelationStore, mv: Relation, leaf: Relation,

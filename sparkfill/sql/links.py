@@ -39,6 +39,7 @@ from pyspark.sql import SparkSession
 from sqlglot import exp
 
 from ..errors import UnsupportedQuery
+from .output_names import name_outputs
 from .planner import (
     LeafInfo,
     PlannedMv,
@@ -46,9 +47,11 @@ from .planner import (
     check_shape,
     explain_plan,
     plan_materialized_view,
-    rewrite_top_n,
+    split_top_n,
+    union_branches,
 )
-from .sql_tree import ColumnsOf, conjuncts, set_from, sources_of
+from .rewrite import rewrite_query
+from .sql_tree import ColumnsOf, conjuncts, has_star, set_from, sources_of
 
 __all__ = ["ChainLink", "split_joins", "internal_name", "plan_chain", "explain_chain"]
 
@@ -257,12 +260,18 @@ def _qualify(select: exp.Select, aliases: Sequence[str], columns: dict[str, list
 
 
 def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: ColumnsOf,
-               resolve: Callable[[str], LeafInfo],
+               resolve: Callable[[str], LeafInfo], outermost: bool = True,
                ) -> tuple[list[tuple[ChainLink, PlannedMv]], PlannedMv]:
     """The plans of an MV's internal links, upstream first, and of the MV itself;
     nothing is created. A join of three or more relations has join-chain links; a
-    top-N (``ORDER BY ... LIMIT``) reads a link holding the query without it."""
-    rewritten, top_order, limit, offset = rewrite_top_n(query, columns_of)
+    top-N (``ORDER BY ... LIMIT``) reads a link holding the query without it.
+    ``outermost``: the MV's own query (its unnamed outputs take Spark's names)."""
+    if outermost:
+        query = name_outputs(spark, query, resolve)
+    rewritten = rewrite_query(query, columns_of)
+    if isinstance(rewritten, exp.SetOperation) and rewritten.args.get("limit") is not None:
+        # a top-N over a set operation: over the set operation as a derived table
+        rewritten = _select_over(rewritten)
     infos: dict[str, LeafInfo] = {}
     planned_links: list[tuple[ChainLink, PlannedMv]] = []
 
@@ -295,12 +304,40 @@ def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: Colu
                                        "name")
             sub_name = f"{name}_sub{i}"
             sub_links, sub_planned = plan_chain(spark, sub_name, sub.this, link_columns,
-                                                resolve_link)
+                                                resolve_link, outermost=False)
             for link, planned in sub_links:
                 plan_link(link, planned)
             plan_link(ChainLink(f"__sf_{sub_name}", sub.this.copy()), sub_planned)
             sub.replace(exp.Table(this=exp.to_identifier(f"__sf_{sub_name}"),
                                   alias=exp.TableAlias(this=alias.this.copy())))
+    if isinstance(rewritten, exp.Union) and not rewritten.args.get("distinct"):
+        branches = []
+        for i, branch in enumerate(union_branches(rewritten), start=1):
+            inner = branch.unnest() if isinstance(branch, exp.Subquery) else branch
+            if _plain_branch(inner):
+                branches.append(inner.copy())
+                continue
+            link_query, projection = _branch_link(inner, f"__sf_{name}_b{i}",
+                                                  branches[0] if branches else None)
+            sub_links, sub_planned = plan_chain(spark, f"{name}_b{i}", link_query,
+                                                link_columns, resolve_link, outermost=False)
+            for link, planned in sub_links:
+                plan_link(link, planned)
+            plan_link(ChainLink(f"__sf_{name}_b{i}", link_query), sub_planned)
+            branches.append(projection)
+        union = branches[0]
+        for b in branches[1:]:
+            union = exp.union(union, b, distinct=False)
+        rewritten = union
+    outputs = 0
+    top_n = None
+    if isinstance(rewritten, exp.Select) and rewritten.args.get("limit") is not None:
+        rewritten, outputs = _top_n_outputs(rewritten, link_columns)
+        top_n = split_top_n(rewritten)
+    if top_n is None:
+        top_order, limit, offset = None, 0, 0
+    else:
+        rewritten, top_order, limit, offset = top_n
     select = check_shape(rewritten)
     chain = split_joins(select, name, link_columns) if isinstance(select, exp.Select) else None
     links, body = chain if chain is not None else ([], select)
@@ -314,12 +351,125 @@ def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: Colu
     input_name = f"__sf_{name.removeprefix('__sf_')}_input"
     rows = plan_link(ChainLink(input_name, body))
     visible = [c.name for c in rows.columns if not c.hidden]
-    project = exp.select(*[exp.column(c, quoted=True) for c in visible]).from_(
+    # (the columns after the first ``outputs`` are ORDER BY expressions the SELECT
+    # list does not hold: the top-N orders its input by them, the MV does not keep them)
+    project = exp.select(*[exp.column(c, quoted=True) for c in visible[:outputs]]).from_(
         exp.to_table(input_name))
     planned = plan_materialized_view(spark, project, resolve_link, name)
     spec = TopNSpec(tuple((visible[pos], desc, nulls_first)
                           for pos, desc, nulls_first in top_order), limit, offset)
     return planned_links, replace(planned, plan=replace(planned.plan, topn=spec))
+
+
+def _plain_branch(branch: exp.Expr) -> bool:
+    """Whether a UNION ALL branch is a filter/project of one table (the union
+    operator's own input); any other branch is a link of its own."""
+    if not isinstance(branch, exp.Select):
+        return False
+    from_ = sources_of(branch)
+    return (len(from_) == 1 and isinstance(from_[0], exp.Table)
+            and not isinstance(from_[0].this, exp.Func)
+            and not any(branch.args.get(a) for a in ("joins", "group", "distinct", "having",
+                                                    "limit", "order"))
+            and branch.find(exp.AggFunc, exp.Window, exp.Subquery) is None)
+
+
+def _branch_link(branch: exp.Expr, link: str, first: exp.Expr | None,
+                 ) -> tuple[exp.Query, exp.Select]:
+    """A UNION ALL branch that joins, aggregates or reads a derived table as a link
+    and the branch's projection of it: the link holds the branch's items that read
+    columns (as ``__sf_c<i>``), the projection adds its constants (a NULL of a rolled
+    up column has no type of its own: the union gives it the other branches' type)
+    and names every column as the first branch does (the union's names)."""
+    if not isinstance(branch, exp.Select) or has_star(branch):
+        if isinstance(branch, exp.Select):
+            raise UnsupportedQuery("a UNION ALL branch that joins or aggregates over "
+                                   "SELECT *: name the columns")
+        query = exp.select(exp.Star()).from_(exp.Subquery(
+            this=branch.copy(), alias=exp.TableAlias(this=exp.to_identifier("__sf_b"))))
+        return query, exp.select(exp.Star()).from_(exp.to_table(link))
+    items = branch.expressions
+    firsts = first.expressions if isinstance(first, exp.Select) else items
+    query = branch.copy()
+    kept: list[exp.Expr] = []
+    projection: list[exp.Expr] = []
+    group = branch.args.get("group")
+    by_position = group is not None and any(isinstance(g, exp.Literal)
+                                            for g in group.expressions)
+    for j, item in enumerate(items):
+        name = (firsts[j].alias_or_name if j < len(firsts) else "") or item.alias_or_name
+        value = item.unalias()
+        if value.find(exp.Column, exp.AggFunc, exp.Window) is None and not by_position:
+            projection.append(exp.alias_(value.copy(), name, quoted=True) if name
+                              else value.copy())
+            continue
+        kept.append(exp.alias_(value.copy(), f"__sf_c{j}", quoted=True))
+        projection.append(exp.alias_(exp.column(f"__sf_c{j}", quoted=True), name, quoted=True)
+                          if name else exp.column(f"__sf_c{j}", quoted=True))
+    if not kept:  # only constants: the link keeps the branch's rows by the first
+        kept.append(exp.alias_(items[0].unalias().copy(), "__sf_c0", quoted=True))
+    query.set("expressions", kept)
+    return query, exp.select(*projection).from_(exp.to_table(link))
+
+
+def _select_over(query: exp.Expr) -> exp.Select:
+    """``SELECT * FROM (query) ORDER BY ... LIMIT ...`` of a set operation's order
+    and limit (its ORDER BY names its output columns: the same rows)."""
+    body = query.copy()
+    outer = exp.select(exp.Star()).from_(exp.Subquery(
+        this=body, alias=exp.TableAlias(this=exp.to_identifier("__sf_setop"))))
+    for arg in ("order", "limit", "offset"):
+        if body.args.get(arg) is not None:
+            outer.set(arg, body.args[arg])
+            body.set(arg, None)
+    return outer
+
+
+def _top_n_outputs(select: exp.Select, columns_of: ColumnsOf) -> tuple[exp.Select, int]:
+    """A top-N query with ``*`` spelled out (from its relations' columns) and each
+    ORDER BY expression that is not an item of its SELECT list added to it as
+    ``__sf_o<i>`` (ordered by that column instead), and how many items the query
+    had: its outputs. An order expression of a DISTINCT query cannot be added (it
+    would change which rows are distinct); it stays as written, for the planner to
+    refuse."""
+    select = select.copy()
+    if has_star(select):
+        tables = sources_of(select)
+        if all(isinstance(t, exp.Table) for t in tables):
+            aliases = [t.alias_or_name for t in tables]
+            columns = {}
+            for t, a in zip(tables, aliases, strict=True):
+                known = columns_of(t.name)
+                if known is None:
+                    return select, len(select.expressions)
+                columns[a.lower()] = list(known)
+            _expand_stars(select, aliases, columns)
+    outputs = len(select.expressions)
+    order = select.args.get("order")
+    if order is None or select.args.get("distinct") or has_star(select):
+        return select, outputs
+    names = [i.alias_or_name.lower() for i in select.expressions]
+    sqls = [i.unalias().sql(dialect="spark") for i in select.expressions]
+    by_alias = {i.alias.lower(): i.unalias() for i in select.expressions
+                if isinstance(i, exp.Alias)}
+
+    def unalias(node: exp.Expr) -> exp.Expr:
+        # an output alias inside an ORDER BY expression names the item's value
+        if isinstance(node, exp.Column) and not node.table \
+                and node.name.lower() in by_alias:
+            return by_alias[node.name.lower()].copy()
+        return node
+
+    for i, o in enumerate(order.expressions):
+        target = o.this
+        if isinstance(target, exp.Literal) or (
+                isinstance(target, exp.Column) and not target.table
+                and target.name.lower() in names) or target.sql(dialect="spark") in sqls:
+            continue
+        alias = f"__sf_o{i}"
+        select.select(exp.alias_(target.copy().transform(unalias), alias), copy=False)
+        o.set("this", exp.column(alias))
+    return select, outputs
 
 
 def explain_chain(parts: Sequence[tuple[str, PlannedMv]]) -> str:

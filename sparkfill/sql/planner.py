@@ -630,7 +630,8 @@ def _check_names(names: Sequence[str]) -> None:
     seen: set[str] = set()
     for n in names:
         if n.lower() in seen:
-            raise SqlError(f"the MV has two columns named {n!r}; give one an alias (AS ...)")
+            raise UnsupportedQuery(f"the MV has two columns named {n!r}; give one an alias "
+                                   "(AS ...)")
         if n.startswith("_sf_") or n in ("_vnode", "_epoch", "_op"):
             raise SqlError(f"column name {n!r} is reserved; choose another alias")
         seen.add(n.lower())

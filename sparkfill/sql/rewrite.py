@@ -42,6 +42,15 @@ plan is built from the rewritten tree.
   is the start, ``session_window.end`` is ``max(col) + gap``. A row whose ``col``
   is NULL is in no session. A late row changes only the sessions of its group
   around it (a session is named by its start, not numbered).
+- ``GROUP BY ROLLUP/CUBE/GROUPING SETS`` (with ``grouping()``/``grouping_id()``) and
+  window functions over a grouped query: the grouping (a UNION ALL of one grouped
+  query per grouping set) is a derived table the query reads (``grouping_sets.py``).
+- Parentheses around a JOIN's whole condition or a whole SELECT item are dropped;
+  ``LIMIT`` over a query of at most one row is dropped; a comma join with a global
+  aggregate's one row joins it on a constant (``one_row.py``).
+- ``IN``/``EXISTS`` under an ``OR`` of ``WHERE`` become LEFT JOINs with the
+  subquery's distinct keys; a scalar subquery that does not aggregate becomes one
+  that does (``or_subqueries.py``).
 - Subqueries in ``WHERE``, ``HAVING`` and the SELECT list become joins with derived
   tables (``subqueries.py``), innermost first.
 - A comma (cross) join whose ``WHERE`` holds equalities between its relation and
@@ -63,6 +72,9 @@ from sqlglot.optimizer.qualify import qualify
 
 from ..errors import SqlError, UnsupportedQuery
 from .column_lists import name_columns
+from .grouping_sets import split_grouping
+from .one_row import drop_limit_of_one_row, one_row_cross_joins, unwrap_parens
+from .or_subqueries import flatten_where, scalar_to_aggregate, subqueries_under_or
 from .sql_tree import (
     ColumnsOf,
     conjuncts,
@@ -82,14 +94,27 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
     """A copy of ``query`` with the rewrites above applied (the input is unchanged);
     ``columns_of`` resolves unqualified columns of comma joins."""
     query = _merge_derived_tables(session_windows_to_derived(time_windows_to_derived(
-        _inline_ctes(name_columns(query.copy(), columns_of)))), columns_of)
+        _inline_ctes(name_columns(unwrap_parens(query.copy()), columns_of)))), columns_of)
+    query = drop_limit_of_one_row(query)
     _drop_order(query)
     query = _union_to_distinct(query)
     query = _intersect_except_to_groups(query)
     for select in reversed(list(query.find_all(exp.Select))):  # innermost first
         _filters_to_case(select)
+        grouped = split_grouping(select)
+        if grouped is not None:
+            if select is query:
+                query = grouped
+            else:
+                select.replace(grouped)
+    counter = [0]
+    for select in reversed(list(query.find_all(exp.Select))):  # innermost first
+        flatten_where(select)
         _factor_where(select)
         _comma_joins_to_inner(select, columns_of)
+        one_row_cross_joins(select, columns_of)
+        scalar_to_aggregate(select, columns_of)
+        subqueries_under_or(select, counter)
         decorrelated = decorrelate(select, columns_of)
         if decorrelated is not select:
             if select is query:

@@ -52,6 +52,10 @@ def source_columns(source: exp.Expr, columns_of: ColumnsOf) -> list[str]:
     """A table's columns, or a derived table's named outputs (none for anything else)."""
     if isinstance(source, exp.Table):
         return list(columns_of(source.name) or ())
-    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
-        return [e.alias_or_name for e in source.this.expressions if e.alias_or_name]
+    if isinstance(source, exp.Subquery):
+        body = source.this
+        while isinstance(body, exp.SetOperation):  # a set operation's first query names
+            body = body.this.unnest() if isinstance(body.this, exp.Subquery) else body.this
+        if isinstance(body, exp.Select):
+            return [e.alias_or_name for e in body.expressions if e.alias_or_name]
     return []
