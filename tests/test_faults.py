@@ -24,8 +24,7 @@ from sparkfill import Engine, SparkfillError
 #: ``make torture`` sets it: every point an epoch reaches, each twice; CI's slice takes
 #: the points of ``CI_POINTS`` (the kinds of act, one each) once
 FULL = os.environ.get("SPARKFILL_TORTURE") == "1"
-CI_POINTS = ("rename:stage", "meta:begin_epoch", "delta.commit:_commit_append",
-             "meta:commit_epoch", "spark.write:_write")
+CI_POINTS = ("meta:commit_epoch",)
 
 QUERIES = {
     "agg": "SELECT g, COUNT(*) AS c, SUM(v) AS sv FROM t GROUP BY g",
@@ -149,7 +148,7 @@ def test_enospc_at_every_write_point_raises_clearly_and_the_next_call_succeeds(
         # most points an epoch reached failed at least once (timing moves a few)
         hit = {f.rpartition("#")[0] for f in fired}
         assert len(hit) >= len(reached) * 3 // 4, (sorted(hit), reached)
-        assert len(hit) >= (12 if FULL else 4), sorted(hit)
+        assert len(hit) >= (12 if FULL else 1), sorted(hit)
         print(f"ENOSPC: {len(fired)} faults at {len(hit)} points, all consistent")
 
 
@@ -167,7 +166,7 @@ def test_delta_commit_conflict_or_lost_reply_retries_exactly(points, warehouse, 
         assert commits
         for point in commits:
             # refused (nothing committed), then committed but reported failed
-            for after_act in (False, True):
+            for after_act in (False, True) if FULL else (True,):
                 points.inject((point, points.counts[point] + 1), conflict, after_act)
                 wh.dml(spark)
                 wh.step()
@@ -208,7 +207,8 @@ def test_dml_between_a_failed_epoch_and_its_retry_applies_once(points, warehouse
     after (before, the retry's new bound marked it applied: lost)."""
     with Engine(warehouse, spark=spark, retain_epochs=3) as eng:
         wh = Warehouse(eng, str(tmp_path / "sink"))
-        for point in ("delta.commit:_commit_append", "meta:commit_epoch"):
+        for point in (("delta.commit:_commit_append", "meta:commit_epoch") if FULL
+                      else ("delta.commit:_commit_append",)):
             wh.dml(spark)
             # the epoch's second append (the table's landed first), or its commit
             points.inject((point, points.counts[point] + (2 if "append" in point else 1)))
@@ -239,7 +239,7 @@ def test_an_object_store_request_that_fails_once(spark, s3_server, pg_url, tmp_p
             eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
             eng.sql(f"CREATE MATERIALIZED VIEW agg WITH (backfill = 'blocking') AS "
                     f"{QUERIES['agg']}")
-            for n in (1, 4, 12, 30, 80) if FULL else (1, 12, 80):
+            for n in (1, 4, 12, 30, 80) if FULL else (4,):
                 proxy.fail_after(n)
                 rows = list({r["id"]: r for r in ({"id": rng.randrange(300),
                                                    "g": rng.randrange(4),
@@ -259,7 +259,7 @@ def test_an_object_store_request_that_fails_once(spark, s3_server, pg_url, tmp_p
                 assert not eng.verify("agg").collect(), f"agg after cut #{n}"
     finally:
         proxy.close()
-    assert proxy.dropped >= (4 if FULL else 2), proxy.dropped
+    assert proxy.dropped >= (4 if FULL else 1), proxy.dropped
     print(f"object store: {proxy.dropped} requests cut, {raised} calls raised")
 
 
