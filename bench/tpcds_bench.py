@@ -16,6 +16,7 @@ grows); a difference from the batch query is reported, never hidden.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import tempfile
@@ -95,8 +96,9 @@ def main() -> None:
     args = ap.parse_args()
     queries = tpcds.queries()
     names = args.only or tpcds.NAMES
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     spark = build_spark_session(master="local[2]", shuffle_partitions=2)
-    rows = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         data = tpcds.generate(0.01, Path(tmp) / "data")
         tables = sorted({t for n in names for t in tpcds.tables_of(queries[n])})
@@ -110,6 +112,8 @@ def main() -> None:
                 r = run_one(eng, spark, refresh, name, queries[name], args.epochs, args.limit)
                 rows.append(r)
                 print(r, flush=True)
+        except KeyboardInterrupt:  # (SIGTERM too, below): report what ran
+            print(f"stopped after {len(rows)} of {len(names)}", flush=True)
         finally:
             eng.close()
     ok = [r for r in rows if "checked" in r and r["checked"] > 0]
@@ -120,7 +124,7 @@ def main() -> None:
              "strategy) while refresh rounds insert, update and delete fact rows, checked "
              "against Spark's batch query at every epoch once created. Machine: 2 cores, "
              "24 GiB, shared load.", "",
-             f"Ran {len(rows)}: exact {len(ok)}, refused {len(refused)}, other "
+             f"Ran {len(rows)} of {len(names)}: exact {len(ok)}, refused {len(refused)}, other "
              f"{len(rows) - len(ok) - len(refused)}.", "",
              "| statement | result | created (s) | steady epoch (s) | batch query (s) |",
              "|---|---|---|---|---|"]
