@@ -9,6 +9,9 @@
 #   make bench-nexmark - every Nexmark query created online and dropped one after another in
 #                 one warehouse whose history grows (1,000 events per epoch), each checked by
 #                 VERIFY at every epoch once created (appends to bench/RESULTS.md)
+#   make bench-tpcds - every TPC-DS statement (Spark's 99 queries) created online and dropped
+#                 one after another in one warehouse under refresh rounds, each checked against
+#                 the batch query at every epoch once created (appends to bench/RESULTS.md)
 #   make torture - the statement fuzzer at scale: N fuzzed statements and API calls from
 #                 SEED (default 10,000 from 1; tests/torture.py), printing how many were tried,
 #                 accepted, refused with a SparkfillError, internal errors and warehouses a
@@ -42,7 +45,7 @@ SHELL := /bin/bash
 WITH_JAVA = JAVA_HOME="$$(bash scripts/ensure_java.sh | tail -n 1)"; \
 	export JAVA_HOME; export PATH="$$JAVA_HOME/bin:$$PATH";
 
-.PHONY: demo test venv java lint bench bench-nexmark torture clean distclean
+.PHONY: demo test venv java lint bench bench-nexmark bench-tpcds torture clean distclean
 
 demo: venv
 	@$(WITH_JAVA) exec $(VPY) -m sparkfill.demo
@@ -82,6 +85,9 @@ bench: venv
 bench-nexmark: venv
 	@$(WITH_JAVA) exec $(VPY) bench/nexmark_bench.py --events 1000 --history 5 --epochs 2 \
 		--out bench/RESULTS.md
+
+bench-tpcds: venv
+	@$(WITH_JAVA) exec $(VPY) bench/tpcds_bench.py
 
 torture: venv
 	@bash scripts/ensure_postgres.sh

@@ -30,7 +30,8 @@ def pytest_configure(config):
 LONG_TESTS = ("test_cluster_faults.py", "test_object_store.py", "test_nexmark.py",
               "test_source_crash.py", "test_crash.py", "sigkill", "decorrelated",
               "random_shapes", "test_arrangement_is_default", "test_drifting_scalar.py",
-              "test_column_lists_created_online", "test_durability.py", "test_faults.py")
+              "test_column_lists_created_online", "test_durability.py", "test_faults.py",
+              "test_tpcds_queries_created_online", "test_new_shapes_created_online")
 
 
 def pytest_collection_modifyitems(config, items):
