@@ -25,7 +25,7 @@ def pytest_configure(config):
 
 
 #: tests that take a minute or more (a cluster, an S3 server, SIGKILLed drivers, many
-#: epochs): run first, so that on ``make test``'s two workers the last tests to
+#: epochs): run first, so that on ``make test``'s workers the last tests to
 #: finish are short ones
 LONG_TESTS = ("test_cluster_faults.py", "test_object_store.py", "test_nexmark.py",
               "test_source_crash.py", "test_crash.py", "sigkill", "decorrelated",
