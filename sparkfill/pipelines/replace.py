@@ -120,13 +120,7 @@ def switched(catalog: Catalog, mv: Relation, rep: Relation, epoch: int) -> tuple
     """``mv`` as it is once switched to the replacement ``rep`` at ``epoch`` (its
     storage and identity, ``rep``'s definition, the old one kept in its history),
     and what the commit writes for it."""
-    new = replace(rep, id=mv.id, name=mv.name, dir=mv.dir, state="created",
-                  created_epoch=mv.created_epoch, row_count=mv.row_count,
-                  ready_epoch=mv.ready_epoch, replaces=None,
-                  history=(*mv.history, (epoch - 1, mv.columns, mv.sql)))
-    definitions = {mv.id: new.definition()}
-    for r in [*catalog.states_of(rep), *catalog.internals_of(rep)]:
-        definitions[r.id] = replace(r, owner=mv.id).definition()
+    new, definitions = _taking(catalog, mv, rep, epoch)
     old_links = catalog.internals_of(mv)
     dropped = [*[st for m in (mv, *old_links) for st in catalog.states_of(m)], *old_links,
                rep]
@@ -177,11 +171,20 @@ def swapped(catalog: Catalog, mv: Relation, other: Relation, epoch: int,
     """``mv`` as it is once it took ``other``'s definition at ``epoch`` (``SWAP
     WITH``: its storage and identity kept, the old definition in its history), and
     what the commit writes for it: ``other``'s state tables and links become its."""
-    new = replace(other, id=mv.id, name=mv.name, dir=mv.dir, state="created",
+    new, definitions = _taking(catalog, mv, other, epoch)
+    return new, Switch(definitions, [])
+
+
+def _taking(catalog: Catalog, mv: Relation, source: Relation, epoch: int,
+            ) -> tuple[Relation, dict[int, dict[str, Any]]]:
+    """``mv`` with ``source``'s definition from ``epoch`` (its storage and identity
+    kept, the old definition in its history), and the definitions the commit writes:
+    ``mv``'s, and ``source``'s state tables and links owned by ``mv``."""
+    new = replace(source, id=mv.id, name=mv.name, dir=mv.dir, state="created",
                   created_epoch=mv.created_epoch, row_count=mv.row_count,
                   ready_epoch=mv.ready_epoch, replaces=None,
                   history=(*mv.history, (epoch - 1, mv.columns, mv.sql)))
     definitions = {mv.id: new.definition()}
-    for r in [*catalog.states_of(other), *catalog.internals_of(other)]:
+    for r in [*catalog.states_of(source), *catalog.internals_of(source)]:
         definitions[r.id] = replace(r, owner=mv.id).definition()
-    return new, Switch(definitions, [])
+    return new, definitions
