@@ -15,28 +15,20 @@ Classic sessions only (it reads the Spark UI). Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steady_bench as sb  # noqa: E402
 from backfill_bench import dml, with_clause  # noqa: E402
+from epoch_anatomy import job_seconds, session_with_status_api  # noqa: E402
 
 from sparkfill import Engine  # noqa: E402
-from sparkfill.session import build_spark_session  # noqa: E402
-
-
-def _ts(text: str) -> datetime:
-    return datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
 
 
 def main() -> int:
@@ -48,14 +40,7 @@ def main() -> int:
     parser.add_argument("--max-epochs", type=int, default=40)
     parser.add_argument("--quiet-jobs", action="store_true", help="epoch lines only")
     args = parser.parse_args()
-    spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
-                                extra_conf={"spark.ui.enabled": "true"})
-    ui = spark.sparkContext.uiWebUrl
-    app = json.load(urllib.request.urlopen(f"{ui}/api/v1/applications"))[0]["id"]
-
-    def api(path: str) -> Any:
-        return json.load(urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}"))
-
+    spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="bf-anatomy-"))
     eng = Engine(work / "warehouse", spark=spark)
     keys = sb.Keys(args.rows, random.Random(7))
@@ -83,7 +68,7 @@ def main() -> int:
             time.sleep(0.5)
             jobs = sorted((j for j in api("jobs") if j["jobId"] > last_job),
                           key=lambda j: j["jobId"])
-            spent = sum((_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+            spent = sum(job_seconds(j)
                         for j in jobs if j.get("completionTime"))
             print(f"epoch {report.epoch}: step {wall:.2f} s, chunk {chunk:,} rows, "
                   f"{len(jobs)} jobs {spent:.2f} s, outside {wall - spent:.2f} s, "
@@ -92,7 +77,7 @@ def main() -> int:
                 for j in jobs:
                     if not j.get("completionTime"):
                         continue
-                    dur = (_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+                    dur = job_seconds(j)
                     print(f"  job {j['jobId']} {dur:.2f} s: {j['name'][:80]}")
                     for sid in sorted(j["stageIds"]):
                         s = api(f"stages/{sid}")[0]

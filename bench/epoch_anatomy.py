@@ -30,11 +30,13 @@ import tempfile
 import time
 import traceback
 import urllib.request
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import py4j.clientserver as py4j_cs
+from pyspark.sql import SparkSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steady_bench as sb  # noqa: E402
@@ -71,16 +73,9 @@ class Py4jCalls:
         py4j_cs.ClientServerConnection.send_command = send_command  # type: ignore[method-assign]
 
 
-def _ts(text: str) -> datetime:
-    return datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--changes", type=int, default=1_000)
-    parser.add_argument("--epochs", type=int, default=3)
-    args = parser.parse_args()
+def session_with_status_api() -> tuple[SparkSession, Callable[[str], Any]]:
+    """The benchmark's classic session with its UI on, and a reader of Spark's status
+    REST API for its application (``api("jobs")``, ``api(f"stages/{id}")``)."""
     spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
                                 extra_conf={"spark.ui.enabled": "true"})
     ui = spark.sparkContext.uiWebUrl
@@ -89,6 +84,24 @@ def main() -> int:
     def api(path: str) -> Any:
         return json.load(urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}"))
 
+    return spark, api
+
+
+def job_seconds(job: dict[str, Any]) -> float:
+    """A job's seconds from submission to completion, from Spark's status API."""
+    def at(key: str) -> datetime:
+        return datetime.strptime(job[key].replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
+
+    return (at("completionTime") - at("submissionTime")).total_seconds()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changes", type=int, default=1_000)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="anatomy-"))
     eng = Engine(work / "warehouse", spark=spark)
     calls = Py4jCalls()
@@ -112,14 +125,14 @@ def main() -> int:
             time.sleep(1.0)  # the status store catches up
             jobs = sorted((j for j in api("jobs") if j["jobId"] > before),
                           key=lambda j: j["jobId"])
-            spent = sum((_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+            spent = sum(job_seconds(j)
                         for j in jobs)
             walls.append(wall)
             job_secs.append(spent)
             print(f"epoch {report.epoch}: step {wall:.2f} s, {len(jobs)} Spark jobs "
                   f"{spent:.2f} s, rows read {report.rows_read}")
             for j in jobs:
-                dur = (_ts(j["completionTime"]) - _ts(j["submissionTime"])).total_seconds()
+                dur = job_seconds(j)
                 print(f"  job {j['jobId']} {dur:.2f} s, {len(j['stageIds'])} stages: "
                       f"{j['name'][:70]}")
                 for sid in sorted(j["stageIds"]):
