@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.error
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,6 +40,9 @@ def main() -> int:
     parser.add_argument("--strategy", default="default")
     parser.add_argument("--max-epochs", type=int, default=40)
     parser.add_argument("--quiet-jobs", action="store_true", help="epoch lines only")
+    parser.add_argument("--chunk", default="", help="backfill_chunk_rows (default: the engine's)")
+    parser.add_argument("--target-ms", default="",
+                        help="backfill_target_epoch_ms (0: a fixed chunk of --chunk rows)")
     args = parser.parse_args()
     spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="bf-anatomy-"))
@@ -53,8 +57,11 @@ def main() -> int:
         print(f"steady epochs before: {[round(s, 2) for s in before]}")
         name = f"{args.mv}_{args.strategy}"
         t_create = time.perf_counter()
-        eng.sql(f"CREATE MATERIALIZED VIEW {name} {with_clause(args.strategy, '', '')}"
-                f"AS {sb.MVS[args.mv]}")
+        options = with_clause(args.strategy, "", args.chunk)
+        if args.target_ms:
+            options = (options[:-2] + ", " if options else "WITH (") + \
+                f"backfill_target_epoch_ms = {int(args.target_ms)}) "
+        eng.sql(f"CREATE MATERIALIZED VIEW {name} {options}AS {sb.MVS[args.mv]}")
         walls, chunks = [], []
         for _ in range(args.max_epochs):
             dml(eng, keys, args.changes)
@@ -80,7 +87,10 @@ def main() -> int:
                     dur = job_seconds(j)
                     print(f"  job {j['jobId']} {dur:.2f} s: {j['name'][:80]}")
                     for sid in sorted(j["stageIds"]):
-                        s = api(f"stages/{sid}")[0]
+                        try:
+                            s = api(f"stages/{sid}")[0]
+                        except urllib.error.HTTPError:  # skipped, or no longer retained
+                            continue
                         if s["status"] == "COMPLETE":
                             print(f"    stage {sid}: {s['numTasks']} tasks, run "
                                   f"{s.get('executorRunTime', 0)} ms, input "

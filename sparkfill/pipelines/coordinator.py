@@ -323,11 +323,17 @@ class EpochCoordinator:
         ``MAX_BACKFILL_EPOCHS`` (nor below a quarter of ``backfill_chunk_rows``), so a
         job never slows to a crawl.
 
-        The MV's own time also holds its steady work (its upstream's changes), which no
-        chunk size changes. With ``rows`` (the snapshot rows the epoch read), the last
-        epochs' (rows, own time) fit a fixed cost plus a cost per row: over the target,
-        the chunk shrinks to what the per-row cost leaves room for, and holds when the
-        fixed cost alone overruns (shrinking would only slow the job)."""
+        The MV's own time also holds a fixed part (its steady work on its upstream's
+        changes, the chunk's bookkeeping jobs), which no chunk size changes. With
+        ``rows`` (the snapshot rows the epoch read), the last epochs' (rows, own time)
+        fit that fixed cost plus a cost per row, and the chunk is sized from the fit:
+        the rows get what the target leaves after the fixed cost, and never less time
+        than the fixed cost itself (when the fixed cost alone overruns the target,
+        shrinking would only stretch the job over more epochs that each pay it: at
+        least half of the backfill's time goes to rows). Until the chunks' sizes differ
+        enough to fit, a chunk over the target is first probed at twice its size (so
+        the fit can tell a fixed cost from a per-row one) rather than shrunk to the
+        floor, where every chunk is alike and no fit ever comes."""
         assert mv.options is not None
         target = mv.options.target_epoch_ms / 1000.0
         if target <= 0 or mv.options.strategy != "arrangement":
@@ -346,13 +352,25 @@ class EpochCoordinator:
         fit = linear_cost(samples) or self._cost_fits.get(mv.id)  # alike chunks: the last fit
         if fit is not None:
             self._cost_fits[mv.id] = fit
-        if fit is None or own <= allowed:
-            factor = allowed / own
-        elif fit[1] <= 0 or fit[0] >= allowed:
-            factor = 1.0  # the chunk is not what makes the epoch slow: hold it
+        growth = 2.0
+        if fit is None:
+            sizes = [r for r, _ in samples if r > 0]
+            alike = len(sizes) < 2 or max(sizes) < 1.3 * min(sizes)
+            measured = rows is not None and own_seconds is not None
+            if own <= allowed or not measured:
+                factor = allowed / own
+            elif alike:
+                factor = 2.0  # probe: a larger chunk tells the fixed cost from the rows'
+            else:
+                factor = 1.0  # probed: hold for the fit's third sample
+        elif fit[1] <= 0:
+            factor = 2.0  # the chunk's rows cost nothing measurable: grow
         else:
-            factor = (allowed - fit[0]) / fit[1] / max(1.0, self._budget_of(mv))
-        factor = min(2.0, max(0.5, factor))
+            fixed, per_row = fit
+            rows_time = max(allowed - fixed, fixed)  # rows never get less than the fixed cost
+            factor = rows_time / per_row / max(1.0, self._budget_of(mv))
+            growth = 4.0  # a fit says where the chunk belongs: reach it in fewer epochs
+        factor = min(growth, max(0.5, factor))
         base = mv.options.chunk_rows
         total = sum(leaf.row_count for leaf in self.catalog.leaves_of(mv))
         floor = max(1.0, base / 4, total / MAX_BACKFILL_EPOCHS)

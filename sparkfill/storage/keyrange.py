@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from .schema import (
     VNODE,
@@ -22,6 +23,7 @@ from .schema import (
     comparable_key_expr,
     decode_key_value,
     encode_key_value,
+    spark_type,
 )
 
 __all__ = [
@@ -85,9 +87,44 @@ def _key_literal(key: tuple[Any, ...], key_columns: Sequence[Column]) -> SparkCo
                       for i, (v, c) in enumerate(zip(key, key_columns, strict=True))])
 
 
+def _key_sql(c: Column) -> str:
+    """``comparable_key_expr`` of a key column as SQL text."""
+    name = "`" + c.name.replace("`", "``") + "`"
+    if isinstance(spark_type(c.type), T.TimestampType | T.TimestampNTZType):
+        return f"unix_micros(CAST({name} AS TIMESTAMP))"
+    return name
+
+
+def _covered_sql(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
+                 key_columns: Sequence[Column]) -> str | None:
+    """``covered`` as one SQL expression (None: a key value has no literal form here).
+    Built as text, it costs the driver one round trip to Spark, where the same
+    expression built from Columns costs several per vnode in progress."""
+    parts = [f"{VNODE} IN ({', '.join(str(int(v)) for v in done)})"] if done else []
+    if positions:
+        entries = []
+        for v, key in sorted(positions.items()):
+            literals = [sql_literal(x) for x in key]
+            if any(lit is None for lit in literals):
+                return None
+            fields = ", ".join(f"'k{i}', CAST({lit} AS {_comparable_type(c)})"
+                               for i, (lit, c) in enumerate(zip(literals, key_columns,
+                                                                strict=True)))
+            entries.append(f"{int(v)}, named_struct({fields})")
+        row = ", ".join(f"'k{i}', CAST({_key_sql(c)} AS {_comparable_type(c)})"
+                        for i, c in enumerate(key_columns))
+        in_progress = ", ".join(str(int(v)) for v in sorted(positions))
+        parts.append(f"({VNODE} IN ({in_progress}) AND named_struct({row}) <= "
+                     f"element_at(map({', '.join(entries)}), {VNODE}))")
+    return " OR ".join(f"({p})" for p in parts) if parts else "FALSE"
+
+
 def covered(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
             key_columns: Sequence[Column]) -> SparkColumn:
     """Rows whose vnode is in ``done``, or at or below their vnode's position."""
+    text = _covered_sql(done, positions, key_columns)
+    if text is not None:
+        return F.expr(text)
     cond: SparkColumn = vnode_in(done) if done else F.lit(False)
     if positions:
         bounds = F.create_map(*[x for v, key in sorted(positions.items())
