@@ -565,3 +565,43 @@ def test_many_local_files_are_read_through_globs_naming_exactly_them(spark, tmp_
     assert got == list(range(10, 80))
     odd = [*wanted[:3], "/w/a,b{c}/part-0.parquet"]  # passed as they are
     assert local_paths(odd) == odd
+
+
+def test_a_read_of_immutable_files_is_built_once_and_reused(spark, tmp_path: Path,
+                                                             monkeypatch):
+    """A relation's files never change under their names, so a read of the same files
+    in the same schema is the same frame (no second listing nor plan), whatever the
+    row hint (one partition or not); another file list or schema is a new read, and a
+    read not marked immutable is always new."""
+    from pyspark.sql import types as T
+
+    from sparkfill.storage import spark_files
+    from sparkfill.storage.spark_files import read_parquet
+
+    files = []
+    for i in range(2):
+        folder = tmp_path / f"e{i}"
+        spark.range(i * 10, i * 10 + 10).coalesce(1).write.parquet(str(folder))
+        files += sorted(str(p) for p in folder.glob("*.parquet"))
+    wh = Warehouse(tmp_path)
+    schema = T.StructType([T.StructField("id", T.LongType())])
+    first = read_parquet(spark, wh, schema, files, immutable=True)
+    assert read_parquet(spark, wh, schema, files, immutable=True) is first
+    small = read_parquet(spark, wh, schema, files, rows=20, immutable=True)
+    assert small is not first  # one partition: a coalesced view of the same read
+    assert sorted(r.id for r in small.collect()) == list(range(20))
+    assert read_parquet(spark, wh, schema, files[:1], immutable=True) is not first
+    other = T.StructType([T.StructField("id", T.LongType()), T.StructField("x", T.IntegerType())])
+    assert read_parquet(spark, wh, other, files, immutable=True) is not first
+    assert read_parquet(spark, wh, schema, files) is not first
+    # bounded: the least recently used read is dropped first
+    spark_files._reads.clear()
+    monkeypatch.setattr(spark_files, "READ_CACHE_SIZE", 3)
+    kept = read_parquet(spark, wh, schema, files, immutable=True)
+    one = read_parquet(spark, wh, schema, files[:1], immutable=True)
+    read_parquet(spark, wh, schema, files[1:], immutable=True)
+    assert read_parquet(spark, wh, schema, files, immutable=True) is kept  # used again
+    read_parquet(spark, wh, other, files, immutable=True)  # a fourth: drops `one`
+    assert len(spark_files._reads) == 3
+    assert read_parquet(spark, wh, schema, files, immutable=True) is kept
+    assert read_parquet(spark, wh, schema, files[:1], immutable=True) is not one

@@ -426,7 +426,7 @@ class RelationStore:
         rows = sum(self._rows_within(f, within) for f in files)
         self.rows_read[self.reader or rel.name] += rows
         return read_parquet(self.spark, self.warehouse, schema, [f.uri for f in files],
-                            None if bulk else rows)
+                            None if bulk else rows, immutable=True)
 
     @property
     def row_group_rows(self) -> int:
@@ -805,7 +805,7 @@ class RelationStore:
         """A written changelog of ``rows`` rows read back from its files (not counted as
         a state read)."""
         return (read_parquet(self.spark, self.warehouse, physical_struct(rel.columns), uris,
-                             rows)
+                             rows, immutable=True)
                 .selectExpr(*names_sql([*rel.column_names, VNODE, OP])))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
