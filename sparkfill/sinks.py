@@ -103,6 +103,8 @@ class SinkManager:
         self.meta = meta
         self.store = store
         self.warehouse = warehouse
+        #: vacuum a sink every this many epochs (tests lower it to reach vacuum often)
+        self.vacuum_every = 10
         self._handles: dict[str, Warehouse] = {}
 
     def _fs(self, path: str) -> Warehouse:
@@ -329,7 +331,7 @@ class SinkManager:
                 except OSError:
                     pass  # the next sync's _clean_attempts removes it
                 raise
-        if epoch % 10 == 0:
+        if epoch % self.vacuum_every == 0:
             self._vacuum(sink)
 
     def _landed(self, sink: SinkRow, epoch: int) -> bool:

@@ -266,6 +266,8 @@ class EpochCoordinator:
         self.catalog = catalog
         self.stager = stager
         self.retain_epochs = retain_epochs
+        #: vacuum every this many epochs (tests lower it to reach vacuum often)
+        self.vacuum_every = 10
         self.scan = BackfillScan(spark, store)
         self.dataflow = MvDataflow(spark, store)
         self.snapshots = SnapshotJobs(spark, meta, store, catalog, self.dataflow)
@@ -892,7 +894,7 @@ class EpochCoordinator:
                 self.store.compact(rel.stored, epoch, rel.row_count)
             elif due == "merge":
                 self.store.merge_log(rel.stored, epoch)
-        if epoch % 10 == 0:
+        if epoch % self.vacuum_every == 0:
             self.vacuum(epoch)
 
     def retention_horizon(self, epoch: int | None = None) -> int:
