@@ -4,9 +4,17 @@ A *site* is the ``k``-th occurrence of a durability point ``p`` (``durability_po
 in a run of the workload (``durability_driver``) from an empty warehouse. The harness
 
 1. runs the workload once whole (the *reference*), logging every point it reaches:
-   the sites, and the source table's rows per epoch;
-2. for each site chosen: runs the workload from an empty warehouse in a child process
-   that ``os._exit``\\ s right after site ``(p, k)`` (as SIGKILL would); optionally
+   the sites, and the source table's rows per epoch. The workload closes and reopens
+   its engine after every epoch (a *boundary*, in every run alike); at each boundary
+   the reference run saves a copy of the site folder (the warehouse with its SQLite
+   meta store, the sinks, the DML journal; the datagen source's offsets are in the
+   meta store) and marks the boundary in the points log;
+2. for each site chosen: restores the copy saved at the last boundary before the site
+   (an empty folder for a site before the first) and, from there, continues the
+   workload in a child process that ``os._exit``\\ s right after the site's occurrence
+   counted from the boundary (``k`` minus the occurrences of ``p`` before it in the
+   reference log: the reference run reopened its engine there too, so a run restored
+   from the copy does the same acts in the same order); optionally
    reopens it in a second child that is killed during its recovery (after its
    ``n``-th durable act of any kind); then finishes the workload in a last child,
    which recovers, runs to the end and checks the oracle (``durability_driver.check``:
@@ -14,15 +22,23 @@ in a run of the workload (``durability_driver``) from an empty warehouse. The ha
    retained epoch, the sink against its MV, no dangling or orphan file, no leaked
    lock).
 
+The finishing child still runs the workload to its end (whatever it has left after
+the site), since what it checks needs the end: every MV created and exact, the MVs to
+drop dropped, the ``CREATE OR REPLACE`` switched, each sink synced at the last epoch.
+So a site costs the steps from its boundary to the end and the check, not also the
+steps before its boundary. Every run happens in the same folder (``<root>/site``; the
+meta store records the sinks' absolute paths), so sites run one at a time; a failed
+site's folder is moved aside.
+
 The children are light Python processes: they share one Spark Connect server (a
 child's ``os._exit`` kills the engine, its Python process, for real; the server, which
-holds nothing durable, lives on), so a site costs one workload and a check (about a
-minute on two shared cores), not also two Spark start-ups.
+holds nothing durable, lives on), so a site does not also cost two Spark start-ups.
 
 Invariant: a site counts as *exact* only when its child died there (exit status
 ``CRASH_EXIT``) and the finishing child's checks all held; a site the child did not
-reach (the workload's timing differs a little from run to run: a rate-limited job)
-is reported apart, never counted.
+reach (the workload's timing differs a little from run to run: a rate-limited job;
+a count from a boundary that the restored run does not reach alike) is reported
+apart, never counted.
 
     python tests/durability.py --seed 1 --sites 200            # make torture's crash part
     python tests/durability.py --sites 8 --points meta:commit_epoch,rename:stage
@@ -35,6 +51,7 @@ import collections
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +61,7 @@ from dataclasses import dataclass, field
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS_DIR)
 
+import durability_driver as dd  # noqa: E402
 import durability_points as dp  # noqa: E402
 from helpers import subprocess_env  # noqa: E402
 
@@ -57,6 +75,8 @@ class Outcome:
     site: str
     status: str  # exact | failed | unreached
     recovery_crash: int | None = None
+    #: the boundary whose copy the run started from (None: an empty warehouse)
+    start: int | None = None
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -67,6 +87,14 @@ class Harness:
         self.remote = remote
         self.log = log
         self.reference = os.path.join(root, "reference")
+        #: where every run of the workload happens (the same absolute path for the
+        #: reference and every site: the meta store records the sinks' paths)
+        self.site_dir = os.path.join(root, "site")
+        #: the reference run's copies of the site folder, one per boundary
+        self.saves = os.path.join(root, "saves")
+        #: per boundary n, the occurrences of each point before it (empty: no copies,
+        #: every site replays the workload from an empty warehouse)
+        self.before: list[collections.Counter[str]] = []
 
     def _env(self, **extra: str) -> dict[str, str]:
         env = subprocess_env()
@@ -92,22 +120,57 @@ class Harness:
         return proc.returncode, proc.stdout.decode(errors="replace").splitlines(), tail
 
     def record(self) -> collections.Counter[str]:
-        """The reference run: every site the workload reaches, by point."""
-        shutil.rmtree(self.reference, ignore_errors=True)
+        """The reference run: every site the workload reaches, by point, and a copy of
+        the site folder at every boundary with the occurrences before it."""
+        for d in (self.reference, self.site_dir, self.saves):
+            shutil.rmtree(d, ignore_errors=True)
         os.makedirs(self.reference)
+        os.makedirs(self.site_dir)
+        os.makedirs(self.saves)
         points = os.path.join(self.reference, "points.log")
-        code, out, tail = self.child("reference", self.reference, **{dp.LOG_ENV: points})
+        code, out, tail = self.child("reference", self.site_dir,
+                                     **{dp.LOG_ENV: points, dd.SAVES_ENV: self.saves})
+        shutil.rmtree(self.site_dir, ignore_errors=True)
         if code != 0:
             raise RuntimeError(f"the reference run failed ({code}):\n{tail}\n{out[-5:]}")
+        reached: collections.Counter[str] = collections.Counter()
+        self.before = []
         with open(points) as f:
-            return collections.Counter(line.strip() for line in f if line.strip())
+            for line in f:
+                line = line.strip()
+                if line.startswith(dp.BOUNDARY):
+                    assert int(line[len(dp.BOUNDARY):]) == len(self.before)
+                    self.before.append(collections.Counter(reached))
+                elif line:
+                    reached[line] += 1
+        return reached
+
+    def start_of(self, point: str, k: int) -> tuple[int | None, int]:
+        """Where a run crashing at site ``(point, k)`` starts: the last boundary before
+        the site (None: an empty warehouse) and the site's occurrence counted from
+        there."""
+        start = None
+        for n, counts in enumerate(self.before):
+            if counts[point] < k:
+                start = n
+        return start, k - (self.before[start][point] if start is not None else 0)
 
     def crash_site(self, point: str, k: int, recovery_crash: int | None = None) -> Outcome:
         site = f"{point}#{k}"
-        base = tempfile.mkdtemp(prefix="site-", dir=self.root)
         started = time.time()
         outcome = Outcome(site, "exact", recovery_crash)
-        code, out, tail = self.child("run", base, **{dp.CRASH_ENV: site})
+        start, local_k = self.start_of(point, k)
+        if start is None and not self.before:  # no copies: a folder of its own
+            base = tempfile.mkdtemp(prefix="site-", dir=self.root)
+        else:
+            base = self.site_dir
+            shutil.rmtree(base, ignore_errors=True)
+            if start is None:
+                os.makedirs(base)
+            else:  # restored: the copy saved at the boundary before the site
+                shutil.copytree(os.path.join(self.saves, str(start)), base)
+                outcome.start = start
+        code, out, tail = self.child("run", base, **{dp.CRASH_ENV: f"{point}#{local_k}"})
         if code != dp.CRASH_EXIT:
             outcome.status = "unreached" if code == 0 else "failed"
             if code != 0:
@@ -126,7 +189,13 @@ class Harness:
                                      if ln.startswith("PROBLEM ")] or [f"({code})\n{tail}"]
         outcome.seconds = time.time() - started
         if outcome.status == "failed":
-            outcome.problems.append(f"(kept in {base})")
+            kept = base
+            if base == self.site_dir:  # the next site reuses the folder
+                kept = tempfile.mkdtemp(prefix=f"failed-{point.replace(':', '-')}-{k}-",
+                                        dir=self.root)
+                os.rmdir(kept)
+                os.rename(base, kept)
+            outcome.problems.append(f"(kept in {kept}; its absolute paths say {base})")
         else:
             shutil.rmtree(base, ignore_errors=True)
         return outcome
@@ -134,18 +203,21 @@ class Harness:
 
 def choose_sites(reached: collections.Counter[str], n: int, seed: int,
                  points: list[str] | None = None) -> list[tuple[str, int]]:
-    """``n`` sites (all when ``n`` is 0): first, of every point, its 1st, 2nd, 3rd and
-    last occurrence; then seeded random others."""
+    """``n`` sites (all when ``n`` is 0) in rounds: every point's 1st occurrence (in a
+    seeded random order of the points), then every point's 2nd, then 3rd, then last, so
+    that a run cut short covers every point as evenly as it can; then seeded random
+    others."""
     rng = random.Random(seed)
     names = sorted(p for p in reached if points is None or p in points)
-    first: list[tuple[str, int]] = []
-    for p in names:
-        ks = sorted({1, 2, 3, reached[p]} & set(range(1, reached[p] + 1)))
-        first += [(p, k) for k in ks]
-    rest = [(p, k) for p in names for k in range(1, reached[p] + 1) if (p, k) not in first]
-    rng.shuffle(first)
+    every: list[tuple[str, int]] = []
+    for pick in (lambda p: 1, lambda p: 2, lambda p: 3, lambda p: reached[p]):
+        round_ = [(p, pick(p)) for p in names
+                  if pick(p) <= reached[p] and (p, pick(p)) not in every]
+        rng.shuffle(round_)
+        every += round_
+    rest = [(p, k) for p in names for k in range(1, reached[p] + 1) if (p, k) not in every]
     rng.shuffle(rest)
-    every = first + rest
+    every += rest
     return every if n <= 0 else every[:n]
 
 
@@ -182,7 +254,8 @@ def run(args: argparse.Namespace, log=print) -> int:
             o = harness.crash_site(point, k, rc)
             outcomes.append(o)
             log(f"durability: [{i + 1}/{len(sites)}] {o.site}"
-                f"{f' +recovery *#{rc}' if rc else ''}: {o.status} ({o.seconds:.0f} s)")
+                f"{f' +recovery *#{rc}' if rc else ''} from boundary {o.start}: "
+                f"{o.status} ({o.seconds:.0f} s)")
             for p in o.problems:
                 log(f"    {p}")
         return report(outcomes, reached, time.time() - started, log)
@@ -205,6 +278,11 @@ def report(outcomes: list[Outcome], reached: collections.Counter[str], seconds: 
         f"({len(reached)} points), {seconds:.0f} s")
     log(f"durability: exact {len(exact)} (of which {recovery} with a crash of the "
         f"recovery too), failed {len(failed)} (must be 0), unreached {len(unreached)}")
+    if outcomes:
+        log(f"durability: seconds per site median "
+            f"{statistics.median(o.seconds for o in outcomes):.0f}, "
+            f"range {min(o.seconds for o in outcomes):.0f}-"
+            f"{max(o.seconds for o in outcomes):.0f}")
     log(f"durability: points exercised {len(per_point)} of {len(reached)}; occurrences "
         f"per point min {min(per_point.values(), default=0)}")
     for p in sorted(reached):

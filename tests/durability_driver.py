@@ -8,13 +8,18 @@ from ``$SPARKFILL_TEST_META``), continues the workload from where the journal sa
 prints ``DONE``; ``check`` instead finishes the workload (recovering the warehouse) and
 checks it, printing ``CHECKED`` and exiting 0 when every check holds (1 and the
 failures otherwise); ``reference`` runs it whole and records, per epoch, the source
-table's rows (what ``check`` compares a crashed run's source with).
+table's rows (what ``check`` compares a crashed run's source with) and, with
+``$SPARKFILL_DURABILITY_SAVES``, saves a copy of the site folder at every boundary (the
+harness restores a site's run from there). Every mode closes and reopens the engine
+after each epoch (a boundary), so the acts after a boundary are the same whether the
+run got there itself or was restored from the copy.
 
 The workload covers: DML (driver-staged lists and a Spark DataFrame, SQL ``UPDATE`` and
 ``DELETE``), a datagen source, every backfill strategy (arrangement, no_shuffle, buffer,
 blocking, and snapshot with a rate limit), an MV over an MV, a join, aggregates whose
 groups deletes empty, compaction (folds and merges, thresholds lowered) and vacuum
-(``retain_epochs`` 3), three snapshot jobs (one rate-limited), three sinks (vacuumed),
+(``retain_epochs`` 3; every 3rd epoch, ``VACUUM_EVERY``, instead of every 10th),
+three snapshot jobs (one rate-limited), three sinks (vacuumed),
 ``DROP`` of MVs being created and of a created one, and a ``CREATE OR REPLACE`` switch.
 
 Invariant (what ``check`` asserts, after the workload is finished):
@@ -53,6 +58,8 @@ SEED = 35
 KEYS = 400
 GROUPS = 8
 RETAIN = 3
+#: epochs between vacuums (the engine's default is 10)
+VACUUM_EVERY = 3
 #: steps after the scripted ones, at most, until every MV is created and switched
 MAX_EXTRA = 30
 SOURCE = "src"
@@ -226,6 +233,9 @@ def open_engine(warehouse: str):
     # compaction thresholds lowered so that a short run folds and merges (not durable:
     # each process sets them)
     eng.store.max_log_files, eng.store.min_compact_rows, eng.store.log_fraction = 3, 150, 1.0
+    # vacuum (the relation store's and the sinks') every 3rd epoch instead of every 10th:
+    # the workload's ~15 epochs reach it several times
+    eng.coordinator.vacuum_every = eng.sinks.vacuum_every = VACUUM_EVERY
     return eng
 
 
@@ -238,7 +248,11 @@ def _settled(eng) -> bool:
     return N_STEPS <= 5 or eng.relation("m_proj").sql == REPLACED
 
 
-def _step(eng, journal: str, i: int, emit: Callable[[str], None], extra: bool = False) -> None:
+def _step(eng, journal: str, i: int, emit: Callable[[str], None], extra: bool = False):
+    """One epoch, journaled, then a *boundary*: the engine is closed and reopened (every
+    mode alike, so that a run restored from the copy the reference run saved there
+    reaches the same acts in the same order as the reference did); the engine to go on
+    with."""
     rep = eng.step()
     # an extra step (waiting for an MV) does not end its workload step
     append_journal(journal, {"step": i, "op": "extra" if extra else "step",
@@ -246,14 +260,25 @@ def _step(eng, journal: str, i: int, emit: Callable[[str], None], extra: bool = 
     emit(f"STEP {i} {rep.epoch}")
     if ON_STEP:
         ON_STEP[0](eng, rep.epoch)
+    warehouse = str(eng.path)
+    eng.close()
+    if ON_BOUNDARY:
+        ON_BOUNDARY[0](warehouse)
+    return open_engine(warehouse)
+
+
+#: called at each boundary, the engine closed, with the warehouse's path (the
+#: reference run's saving of a copy)
+ON_BOUNDARY: list[Callable[[str], None]] = []
 
 
 #: called after each step with the engine and the epoch (the reference run's recorder)
 ON_STEP: list[Callable[[Any, int], None]] = []
 
 
-def run_workload(eng, journal: str, emit: Callable[[str], None] = lambda s: None) -> None:
-    """Continue the workload from the journal to its end."""
+def run_workload(eng, journal: str, emit: Callable[[str], None] = lambda s: None):
+    """Continue the workload from the journal to its end; the engine open at the end
+    (each step's boundary reopens it)."""
     entries = [e for e in read_journal(journal, repair=True) if e["op"] != "extra"]
     i, j = 0, 0
     if entries:
@@ -266,22 +291,23 @@ def run_workload(eng, journal: str, emit: Callable[[str], None] = lambda s: None
             first = "m_proj" if ops[jj]["kind"] == "replace" else ops[jj].get("after")
             if first is not None and eng.catalog.find(ops[jj].get("name", "")) is None:
                 while eng.progress(first).state != "created":
-                    _step(eng, journal, i, emit, extra=True)
+                    eng = _step(eng, journal, i, emit, extra=True)
             _issue(eng, ops[jj], lambda: {})
             append_journal(journal, {"step": i, "op": jj, **ops[jj]})
             emit(f"OP {i} {jj} {ops[jj]['kind']}")
-        _step(eng, journal, i, emit)
+        eng = _step(eng, journal, i, emit)
         i, j = i + 1, 0
     for _ in range(MAX_EXTRA):
         if _settled(eng):
             break
-        _step(eng, journal, N_STEPS, emit, extra=True)
+        eng = _step(eng, journal, N_STEPS, emit, extra=True)
     else:
         raise AssertionError(f"the workload did not settle in {MAX_EXTRA} extra steps: "
                              f"{[(r.name, r.state) for r in eng.catalog.all()]}")
     # one epoch more after the switch: the new definition's first incremental epoch
-    _step(eng, journal, N_STEPS, emit, extra=True)
+    eng = _step(eng, journal, N_STEPS, emit, extra=True)
     emit(f"END {eng.committed_epoch}")
+    return eng
 
 
 # --------------------------------------------------------------------------- #
@@ -491,6 +517,30 @@ def _check_files(eng) -> list[str]:
 
 
 # --------------------------------------------------------------------------- #
+# The reference run's copies
+# --------------------------------------------------------------------------- #
+
+#: the reference run saves a copy of everything the workload keeps at each boundary
+#: into ``$SPARKFILL_DURABILITY_SAVES/<n>`` (n = 0, 1, ...)
+SAVES_ENV = "SPARKFILL_DURABILITY_SAVES"
+#: the harness's own files in a site's folder: not the workload's
+HARNESS_FILES = ("*.err", "points.log", "reference.json")
+
+
+def save_boundary(warehouse: str, saves: str) -> None:
+    """Copy the site folder (the warehouse with its SQLite meta store, the sinks, the
+    journal) to the next numbered copy and mark the boundary in the points log: the
+    acts logged after mark n are those a run restored from copy n does."""
+    import shutil
+
+    base = os.path.dirname(os.path.abspath(warehouse))
+    n = len(os.listdir(saves)) if os.path.isdir(saves) else 0
+    shutil.copytree(base, os.path.join(saves, str(n)),
+                    ignore=shutil.ignore_patterns(*HARNESS_FILES))
+    durability_points.mark(f"{durability_points.BOUNDARY}{n}")
+
+
+# --------------------------------------------------------------------------- #
 # Entry point
 # --------------------------------------------------------------------------- #
 
@@ -509,11 +559,14 @@ def main(argv: list[str]) -> int:
             rows[epoch] = [list(r) for r in _rows(e.read(SOURCE, as_of=epoch))]
 
         ON_STEP.append(record)
-        run_workload(eng, journal, emit)
+        saves = os.environ.get(SAVES_ENV)
+        if saves:
+            ON_BOUNDARY.append(lambda wh: save_boundary(wh, saves))
+        eng = run_workload(eng, journal, emit)
         with open(reference, "w") as f:
             json.dump(rows, f)
     else:
-        run_workload(eng, journal, emit)
+        eng = run_workload(eng, journal, emit)
     if mode == "check":
         try:
             problems = check(eng, journal, reference)

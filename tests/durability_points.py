@@ -155,6 +155,18 @@ def after(site: tuple[str, int]) -> None:
         os._exit(CRASH_EXIT)
 
 
+#: a boundary's mark in the points log (``mark``): not a point
+BOUNDARY = "@boundary "
+
+
+def mark(line: str) -> None:
+    """Write ``line`` to the points log (when logging): a boundary between acts."""
+    if _log is not None:
+        with _lock:
+            _log.write(f"{line}\n")
+            _log.flush()
+
+
 def _emit(line: str) -> None:
     try:
         os.write(1, (line + "\n").encode())
