@@ -249,7 +249,8 @@ def _settled(eng) -> bool:
 
 
 def _step(eng, journal: str, i: int, emit: Callable[[str], None], extra: bool = False):
-    """One epoch, journaled, then a *boundary*: the engine is closed and reopened (every
+    """One epoch, journaled, then (unless a buffer job is in flight: a reopening would
+    restart it, every epoch) a *boundary*: the engine is closed and reopened (every
     mode alike, so that a run restored from the copy the reference run saved there
     reaches the same acts in the same order as the reference did); the engine to go on
     with."""
@@ -260,6 +261,9 @@ def _step(eng, journal: str, i: int, emit: Callable[[str], None], extra: bool = 
     emit(f"STEP {i} {rep.epoch}")
     if ON_STEP:
         ON_STEP[0](eng, rep.epoch)
+    if any(r.kind == "mv" and r.state == "creating" and r.options is not None
+           and r.options.strategy == "buffer" for r in eng.catalog.all()):
+        return eng  # no boundary: a reopening restarts a buffer job (state in memory)
     warehouse = str(eng.path)
     eng.close()
     if ON_BOUNDARY:

@@ -3,7 +3,9 @@ runs hundreds of sites): the workload shortened to its first two steps (tables, 
 source, DML, an aggregate backfilled by arrangement, a join by a buffer job), a child
 killed right after a fixed site (epoch 3 begun), then its recovery (which restarts
 the buffer job on fresh folders) killed too, then finished and checked by the oracle
-(``durability_driver.check``).
+(``durability_driver.check``). No reference run: the site's run replays the two steps
+from an empty warehouse (``make torture`` restores each site's run from the reference
+run's copy at the boundary before it instead).
 
 Invariant: a site passes only when the child died there and every check of the
 finished warehouse held (DML exactly once, MVs and sinks exact, no file or folder left
