@@ -133,9 +133,13 @@ class Harness:
         shutil.rmtree(self.site_dir, ignore_errors=True)
         if code != 0:
             raise RuntimeError(f"the reference run failed ({code}):\n{tail}\n{out[-5:]}")
+        return self.load()
+
+    def load(self) -> collections.Counter[str]:
+        """The reference run of an earlier harness in the same root (``--reuse``)."""
         reached: collections.Counter[str] = collections.Counter()
         self.before = []
-        with open(points) as f:
+        with open(os.path.join(self.reference, "points.log")) as f:
             for line in f:
                 line = line.strip()
                 if line.startswith(dp.BOUNDARY):
@@ -202,7 +206,8 @@ class Harness:
 
 
 def choose_sites(reached: collections.Counter[str], n: int, seed: int,
-                 points: list[str] | None = None) -> list[tuple[str, int]]:
+                 points: list[str] | None = None,
+                 latest: Harness | None = None) -> list[tuple[str, int]]:
     """``n`` sites (all when ``n`` is 0) in rounds: every point's 1st occurrence (in a
     seeded random order of the points), then every point's 2nd, then 3rd, then last, so
     that a run cut short covers every point as evenly as it can; then seeded random
@@ -210,10 +215,16 @@ def choose_sites(reached: collections.Counter[str], n: int, seed: int,
     rng = random.Random(seed)
     names = sorted(p for p in reached if points is None or p in points)
     every: list[tuple[str, int]] = []
-    for pick in (lambda p: 1, lambda p: 2, lambda p: 3, lambda p: reached[p]):
+    picks = [lambda p: 1, lambda p: 2, lambda p: 3, lambda p: reached[p]]
+    if latest is not None:  # the last three (the cheapest to restore), latest first
+        picks = [lambda p: reached[p], lambda p: reached[p] - 1, lambda p: reached[p] - 2]
+    for pick in picks:
         round_ = [(p, pick(p)) for p in names
-                  if pick(p) <= reached[p] and (p, pick(p)) not in every]
+                  if 1 <= pick(p) <= reached[p] and (p, pick(p)) not in every]
         rng.shuffle(round_)
+        if latest is not None:
+            round_.sort(key=lambda s: -1 if (b := latest.start_of(*s)[0]) is None else b,
+                        reverse=True)
         every += round_
     rest = [(p, k) for p in names for k in range(1, reached[p] + 1) if (p, k) not in every]
     rng.shuffle(rest)
@@ -236,11 +247,12 @@ def run(args: argparse.Namespace, log=print) -> int:
         remote = server.url
     try:
         harness = Harness(root, remote, log)
-        reached = harness.record()
+        reached = harness.load() if args.reuse else harness.record()
         log(f"durability: reference run reached {len(reached)} points, "
             f"{sum(reached.values())} sites, in {time.time() - started:.0f} s")
         sites = choose_sites(reached, args.sites, args.seed,
-                             args.points.split(",") if args.points else None)
+                             args.points.split(",") if args.points else None,
+                             harness if args.latest else None)
         rng = random.Random(args.seed)
         outcomes: list[Outcome] = []
         for i, (point, k) in enumerate(sites):
@@ -303,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remote", default=None,
                     help="a Spark Connect server's URL (default: start one)")
     ap.add_argument("--dir", default=None, help="where warehouses go (kept)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the reference run (and its copies) kept in --dir")
+    ap.add_argument("--latest", action="store_true",
+                    help="each point's last three occurrences first, the cheapest "
+                         "(latest boundary) first")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds after which no new site starts (0: none)")
     args = ap.parse_args(argv)
