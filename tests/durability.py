@@ -248,8 +248,9 @@ def run(args: argparse.Namespace, log=print) -> int:
     try:
         harness = Harness(root, remote, log)
         reached = harness.load() if args.reuse else harness.record()
-        log(f"durability: reference run reached {len(reached)} points, "
-            f"{sum(reached.values())} sites, in {time.time() - started:.0f} s")
+        log(f"durability: reference run{' (reused)' if args.reuse else ''} reached "
+            f"{len(reached)} points, {sum(reached.values())} sites, "
+            f"{len(harness.before)} boundaries, in {time.time() - started:.0f} s")
         sites = choose_sites(reached, args.sites, args.seed,
                              args.points.split(",") if args.points else None,
                              harness if args.latest else None)
