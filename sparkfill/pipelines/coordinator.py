@@ -68,7 +68,7 @@ from ..storage.keyrange import END
 from ..storage.meta_store import AfterCommit, EpochCommit, MetaStore, ProgressRow
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
 from ..storage.schema import VNODE, names_sql
-from .cost import linear_cost
+from .cost import linear_cost, sizes_differ
 from .refresh import FULL, RefreshPolicy
 from .replace import Switch, swapped, switch_delta, switched
 
@@ -356,12 +356,10 @@ class EpochCoordinator:
             self._cost_fits[mv.id] = fit
         growth = 2.0
         if fit is None:
-            sizes = [r for r, _ in samples if r > 0]
-            alike = len(sizes) < 2 or max(sizes) < 1.3 * min(sizes)
             measured = rows is not None and own_seconds is not None
             if own <= allowed or not measured:
                 factor = allowed / own
-            elif alike:
+            elif not sizes_differ(samples):
                 factor = 2.0  # probe: a larger chunk tells the fixed cost from the rows'
             else:
                 factor = 1.0  # probed: hold for the fit's third sample

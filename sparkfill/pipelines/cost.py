@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["linear_cost"]
+__all__ = ["linear_cost", "sizes_differ"]
 
 
 def linear_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
@@ -21,9 +21,16 @@ def linear_cost(samples: Sequence[tuple[int, float]]) -> tuple[float, float] | N
         return None
     rows = [float(r) for r, _ in samples]
     secs = [t for _, t in samples]
-    if min(rows) <= 0 or max(rows) < 1.3 * min(rows):
+    if min(rows) <= 0 or not sizes_differ(samples):
         return None
     mean_r, mean_t = statistics.fmean(rows), statistics.fmean(secs)
     var = sum((r - mean_r) ** 2 for r in rows)
     per_row = sum((r - mean_r) * (t - mean_t) for r, t in zip(rows, secs, strict=True)) / var
     return max(0.0, mean_t - per_row * mean_r), per_row
+
+
+def sizes_differ(samples: Sequence[tuple[int, float]]) -> bool:
+    """Whether the samples' sizes (those above zero) differ enough (max >= 1.3 min)
+    to tell a fixed cost from a per-row one."""
+    rows = [r for r, _ in samples if r > 0]
+    return len(rows) >= 2 and max(rows) >= 1.3 * min(rows)

@@ -14,16 +14,15 @@ from typing import Any
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from .schema import (
     VNODE,
     VNODE_COUNT,
     Column,
     comparable_key_expr,
+    comparable_key_sql,
     decode_key_value,
     encode_key_value,
-    spark_type,
 )
 
 __all__ = [
@@ -87,20 +86,12 @@ def _key_literal(key: tuple[Any, ...], key_columns: Sequence[Column]) -> SparkCo
                       for i, (v, c) in enumerate(zip(key, key_columns, strict=True))])
 
 
-def _key_sql(c: Column) -> str:
-    """``comparable_key_expr`` of a key column as SQL text."""
-    name = "`" + c.name.replace("`", "``") + "`"
-    if isinstance(spark_type(c.type), T.TimestampType | T.TimestampNTZType):
-        return f"unix_micros(CAST({name} AS TIMESTAMP))"
-    return name
-
-
 def _covered_sql(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
                  key_columns: Sequence[Column]) -> str | None:
     """``covered`` as one SQL expression (None: a key value has no literal form here).
     Built as text, it costs the driver one round trip to Spark, where the same
     expression built from Columns costs several per vnode in progress."""
-    parts = [f"{VNODE} IN ({', '.join(str(int(v)) for v in done)})"] if done else []
+    parts = [_vnode_in_sql(done)] if done else []
     if positions:
         entries = []
         for v, key in sorted(positions.items()):
@@ -111,10 +102,10 @@ def _covered_sql(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
                                for i, (lit, c) in enumerate(zip(literals, key_columns,
                                                                 strict=True)))
             entries.append(f"{int(v)}, named_struct({fields})")
-        row = ", ".join(f"'k{i}', CAST({_key_sql(c)} AS {_comparable_type(c)})"
+        row = ", ".join(f"'k{i}', CAST({comparable_key_sql(c.name, c.type)} AS "
+                        f"{_comparable_type(c)})"
                         for i, c in enumerate(key_columns))
-        in_progress = ", ".join(str(int(v)) for v in sorted(positions))
-        parts.append(f"({VNODE} IN ({in_progress}) AND named_struct({row}) <= "
+        parts.append(f"({_vnode_in_sql(sorted(positions))} AND named_struct({row}) <= "
                      f"element_at(map({', '.join(entries)}), {VNODE}))")
     return " OR ".join(f"({p})" for p in parts) if parts else "FALSE"
 
@@ -158,9 +149,13 @@ def values_in(column: str, values: Sequence[Any]) -> SparkColumn | None:
     return F.expr(f"`{column}` IN ({', '.join(str(lit) for lit in literals)})")
 
 
+def _vnode_in_sql(vnodes: Sequence[int]) -> str:
+    return f"{VNODE} IN ({', '.join(str(int(v)) for v in vnodes)})"
+
+
 def vnode_in(vnodes: Sequence[int]) -> SparkColumn:
     """``_vnode IN (...)`` as one SQL expression (not one driver round trip per value)."""
-    return F.expr(f"{VNODE} IN ({', '.join(str(int(v)) for v in vnodes)})")
+    return F.expr(_vnode_in_sql(vnodes))
 
 
 def le(pos: Position | None, key_columns: Sequence[Column]) -> SparkColumn:

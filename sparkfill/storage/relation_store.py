@@ -805,7 +805,7 @@ class RelationStore:
         """A written changelog of ``rows`` rows read back from its files (not counted as
         a state read)."""
         return (read_parquet(self.spark, self.warehouse, physical_struct(rel.columns), uris,
-                             rows, immutable=True)
+                             rows)
                 .selectExpr(*names_sql([*rel.column_names, VNODE, OP])))
 
     def prepare_files(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,

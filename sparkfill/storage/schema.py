@@ -27,6 +27,7 @@ from ..errors import SqlError
 __all__ = [
     "Column",
     "quoted",
+    "comparable_key_sql",
     "names_sql",
     "vnode_sql",
     "VNODE",
@@ -250,16 +251,26 @@ def decode_key_value(value: Any) -> Any:
     return value
 
 
+def _compares_as_micros(type_name: str) -> bool:
+    return isinstance(spark_type(type_name), T.TimestampType | T.TimestampNTZType)
+
+
 def comparable_key_expr(name: str, type_name: str) -> SparkColumn:
     """An expression ordered like the key column whose values JSON can hold exactly.
 
     Timestamps compare as microseconds since the Unix epoch; other types as
     themselves.
     """
-    t = spark_type(type_name)
-    if isinstance(t, T.TimestampType | T.TimestampNTZType):
+    if _compares_as_micros(type_name):
         return F.unix_micros(F.col(name).cast("timestamp"))
     return F.col(name)
+
+
+def comparable_key_sql(name: str, type_name: str) -> str:
+    """``comparable_key_expr`` as SQL text."""
+    if _compares_as_micros(type_name):
+        return f"unix_micros(CAST({quoted(name)} AS TIMESTAMP))"
+    return quoted(name)
 
 
 def dumps(obj: Any) -> str:

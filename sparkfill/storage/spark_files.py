@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,7 @@ _registered: dict[int, SparkSession] = {}
 #: used first: a frame is a plan, not data, so holding one holds no rows
 _reads: dict[tuple[int, str, tuple[str, ...]], tuple[SparkSession, DataFrame]] = {}
 READ_CACHE_SIZE = 512
+EMPTY_CACHE_SIZE = 256
 #: the empty frames built per session and schema (``empty_frame``): a frame is
 #: immutable, and building one costs a classic session about 35 Py4J round trips
 _empty: dict[tuple[int, str], tuple[SparkSession, DataFrame]] = {}
@@ -84,12 +85,21 @@ def empty_frame(spark: SparkSession, schema: T.StructType) -> DataFrame:
     limit): a join or union with it folds away instead of running (an empty local
     frame of a classic session is a scan of an RDD, which Spark cannot see through).
     Built once per session and schema."""
-    key = (id(spark), schema.json())
-    held = _empty.get(key)
+    return _held(_empty, (id(spark), schema.json()), spark,
+                 lambda: spark.createDataFrame([], schema).limit(0), EMPTY_CACHE_SIZE)
+
+
+def _held(cache: dict[Any, tuple[SparkSession, DataFrame]], key: Any, spark: SparkSession,
+          build: Callable[[], DataFrame], limit: int) -> DataFrame:
+    """The frame ``cache`` holds for ``key`` in ``spark`` (``key`` starts with its
+    id), built by ``build`` when absent or held for another session of that id; the
+    cache keeps the ``limit`` most recently used, least recently used first."""
+    held = cache.pop(key, None)
     if held is None or held[0] is not spark:
-        if len(_empty) >= 256:
-            _empty.clear()
-        held = _empty[key] = (spark, spark.createDataFrame([], schema).limit(0))
+        if len(cache) >= limit:
+            cache.pop(next(iter(cache)))
+        held = (spark, build())
+    cache[key] = held
     return held[1]
 
 
@@ -127,16 +137,8 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
     if not immutable:
         df = _read_files(spark, warehouse, schema, uris)
     else:
-        key = (id(spark), schema.json(), tuple(uris))
-        held = _reads.get(key)
-        if held is None or held[0] is not spark:
-            if len(_reads) >= READ_CACHE_SIZE:
-                _reads.pop(next(iter(_reads)))  # the oldest
-            held = (spark, _read_files(spark, warehouse, schema, uris))
-        else:
-            del _reads[key]  # moved to the newest end
-        _reads[key] = held
-        df = held[1]
+        df = _held(_reads, (id(spark), schema.json(), tuple(uris)), spark,
+                   lambda: _read_files(spark, warehouse, schema, uris), READ_CACHE_SIZE)
     return df.coalesce(1) if rows is not None and rows <= ONE_TASK_ROWS else df
 
 
