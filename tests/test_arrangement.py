@@ -214,3 +214,42 @@ def test_queued_jobs_wait_in_creation_order(engine, spark):
     assert ready["a"] < ready["b"]
     check_mv(engine, spark, "a", MV, "t", report.epoch)
     check_mv(engine, spark, "b", MV, "t", report.epoch)
+
+
+def _vnode_states(eng, name: str) -> list[str]:
+    """Each vnode's persisted backfill state, in vnode order."""
+    mv = eng.catalog.get(name)
+    by_vnode = {r.vnode: r.state for r in eng.meta.progress(mv.id)}
+    return [by_vnode.get(v, "not_started") for v in range(256)]
+
+
+@pytest.mark.parametrize("chunk, whole", [(100, True), (1, False)])
+def test_a_chunk_reads_whole_vnodes_when_they_fit_and_stops_inside_one_otherwise(
+        engine, spark, chunk, whole):
+    """A budget that holds whole vnodes (2-3 rows each here) reads them whole: after
+    each epoch every vnode is done or not started, never stopped at a position. A
+    budget smaller than a vnode reads a quota of each active vnode and leaves them in
+    progress at their last key; once the chunk grows (a target set), the rest of those
+    vnodes is read whole from their positions. Both reach created and are exact."""
+    rng = random.Random(21)
+    engine.sql(create_table_sql("t"))
+    engine.insert("t", [random_row(rng, k) for k in range(600)])
+    engine.step()
+    engine.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = {chunk}, "
+               f"backfill_target_epoch_ms = 0) AS {mv_sql(MV, 't')}")
+    in_progress = []
+    for _ in range(20):
+        _dml(engine, rng, 700)
+        report = engine.step()
+        in_progress.append(_vnode_states(engine, "m").count("in_progress"))
+        if engine.progress("m").state == "created":
+            break
+        if len(in_progress) == 1:  # let the chunk grow (doubling) from here
+            engine.sql("ALTER MATERIALIZED VIEW m SET backfill_target_epoch_ms = 600000")
+    assert engine.progress("m").state == "created", in_progress
+    check_mv(engine, spark, "m", MV, "t", report.epoch)
+    assert len(in_progress) >= 2, "the chunk must spread the backfill over epochs"
+    if whole:
+        assert not any(in_progress), in_progress
+    else:
+        assert in_progress[0] > 0, in_progress

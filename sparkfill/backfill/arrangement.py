@@ -5,7 +5,9 @@ vnode's position in progress ``P``, after every epoch
 ``MV(e) = Q(U(e) ∩ covered(P_e))``. Each epoch reads, from ``snapshot(e-1)``, the
 next rows of a set of *active* vnodes (at most a quota each, so a chunk is a
 bounded number of rows), in as many Spark tasks as the job's parallelism; a
-vnode whose read came back short of its quota is done. Progress is per vnode —
+vnode whose read came back short of its quota is done. When the budget holds the
+estimated remaining rows of one or more pending vnodes, those are read whole,
+without a quota (no shuffle to number their rows), and are done. Progress is per vnode —
 ``NotStarted``, ``InProgress(pos, rows)``, ``Done(rows)`` — so it does not depend
 on how many tasks read it: the parallelism can change between epochs and after
 a restart.
@@ -89,6 +91,22 @@ class VnodeProgress:
         return covered(done, positions, upstream.stored.key_columns)
 
 
+def choose_whole(progress: VnodeProgress, estimate: Sequence[float], budget: int) -> list[int]:
+    """The pending vnodes, in order, whose estimated remaining rows all fit in the
+    budget: read whole (no quota), they are done after this epoch. Empty when the
+    first pending vnode alone is estimated above the budget (a small chunk)."""
+    whole: list[int] = []
+    acc = 0.0
+    for v, s in enumerate(progress.states):
+        if isinstance(s, Done):
+            continue
+        acc += max(1.0, estimate[v] - (s.rows if isinstance(s, InProgress) else 0))
+        if acc > budget:
+            break
+        whole.append(v)
+    return whole
+
+
 def choose_active(progress: VnodeProgress, estimate: Sequence[float], budget: int,
                   parallelism: int) -> list[int]:
     """The vnodes to read this epoch: pending vnodes in order until their estimated
@@ -134,22 +152,32 @@ class ArrangementScan:
         """Read the next rows of the active vnodes of ``snapshot(epoch)``."""
         up = upstream.stored
         estimate = self.store.estimate_rows_by_vnode(up, epoch, upstream.row_count)
-        active = choose_active(progress, estimate, budget, parallelism)
+        # vnodes that fit the budget whole are read as they are: no per-vnode quota, so
+        # no shuffle and sort to number each vnode's rows, and each is done after it
+        active = choose_whole(progress, estimate, budget)
+        whole = bool(active)
+        if not whole:
+            active = choose_active(progress, estimate, budget, parallelism)
         quota = max(1, math.ceil(budget / len(active)))
         rows = self.store.snapshot(up, epoch, vnodes=active, bulk=True)
         started = {v: s.pos.key for v in active
                    if isinstance(s := progress.states[v], InProgress) and s.pos.key is not None}
         if started:
             rows = rows.where(~covered([], started, up.key_columns))
-        order = Window.partitionBy(VNODE).orderBy(*up.key)
-        chunk = (rows.repartition(max(1, parallelism), VNODE)
-                 .withColumn("_sf_rn", F.row_number().over(order))
-                 .where(F.col("_sf_rn") <= quota).drop("_sf_rn")
-                 .persist(StorageLevel.MEMORY_AND_DISK))
-        stats = {int(r["v"]): (int(r["n"]), r["last"]) for r in chunk.groupBy(
-            F.col(VNODE).alias("v")).agg(F.count(F.lit(1)).alias("n"),
-                                         F.max(position_struct(up.key_columns)).alias("last"),
-                                         ).collect()}
+        if whole:
+            chunk = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            stats = {int(r["v"]): (int(r["n"]), None) for r in chunk.groupBy(
+                F.col(VNODE).alias("v")).agg(F.count(F.lit(1)).alias("n")).collect()}
+        else:
+            order = Window.partitionBy(VNODE).orderBy(*up.key)
+            chunk = (rows.repartition(max(1, parallelism), VNODE)
+                     .withColumn("_sf_rn", F.row_number().over(order))
+                     .where(F.col("_sf_rn") <= quota).drop("_sf_rn")
+                     .persist(StorageLevel.MEMORY_AND_DISK))
+            stats = {int(r["v"]): (int(r["n"]), r["last"]) for r in chunk.groupBy(
+                F.col(VNODE).alias("v")).agg(
+                    F.count(F.lit(1)).alias("n"),
+                    F.max(position_struct(up.key_columns)).alias("last")).collect()}
         self.store.spark_jobs += 1
         states = list(progress.states)
         total = 0
@@ -158,7 +186,7 @@ class ArrangementScan:
             total += n_v
             before = states[v]
             done_rows = 0 if isinstance(before, NotStarted) else before.rows
-            if n_v < quota:
+            if whole or n_v < quota:
                 states[v] = Done(done_rows + n_v)
             else:
                 key = tuple(last[f"k{i}"] for i in range(len(up.key)))
