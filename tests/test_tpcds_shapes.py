@@ -5,6 +5,44 @@ the MV holds)."""
 
 from __future__ import annotations
 
+import pytest
+
+
+def _step_until_created(engine, name: str, limit: int = 10):
+    for _ in range(limit):
+        report = engine.step()
+        if engine.progress(name).state == "created":
+            return report
+    raise AssertionError(f"{name} not created after {limit} epochs")
+
+
+def test_scalar_subquery_over_several_rows_is_null_and_verify_says_so(engine):
+    """An uncorrelated scalar subquery that does not aggregate: over more than one
+    row Spark's query fails; the MV holds NULL there (it does not fail its epochs),
+    and VERIFY — run by hand, or every N epochs by ``verify_every`` — reports
+    Spark's error, so the difference does not pass unseen."""
+    engine.sql("CREATE TABLE t (id BIGINT, g INT, PRIMARY KEY (id))")
+    engine.sql("CREATE TABLE d (k BIGINT, g INT, m INT, PRIMARY KEY (k))")
+    engine.insert("t", [{"id": i, "g": i % 3} for i in range(6)])
+    engine.insert("d", [{"k": 1, "g": 1, "m": 5}])
+    engine.step()
+    engine.sql("CREATE MATERIALIZED VIEW m AS SELECT id, "
+               "(SELECT g FROM d WHERE m = 5) AS sg FROM t WHERE g = (SELECT g FROM d WHERE m = 5)")
+    _step_until_created(engine, "m")
+    assert sorted(r.id for r in engine.read("m").collect()) == [1, 4]
+    assert engine.verify("m").count() == 0
+    engine.insert("d", [{"k": 2, "g": 2, "m": 5}])  # the subquery now has two rows
+    engine.sql("SET verify_every = 1")
+    report = engine.step()
+    assert engine.read("m").count() == 0  # g = NULL holds for no row
+    assert any("VERIFY failed" in w for w in report.warnings), report.warnings
+    with pytest.raises(Exception, match="TOO_MANY_ROWS"):  # Spark's own error
+        engine.verify("m").count()
+    engine.delete("d", [{"k": 2}])
+    report = engine.step()
+    assert sorted(r.id for r in engine.read("m").collect()) == [1, 4]
+    assert not report.warnings, report.warnings
+
 
 def test_a_ratio_of_counts_is_created_online_while_a_count_is_still_zero(engine, spark):
     """TPC-DS q90's shape: the ratio of two one-row counts cross joined. While the
