@@ -73,8 +73,10 @@ def run_one(eng: Engine, spark, refresh: tpcds.Refresh, name: str, sql: str, epo
                 "steady_s": statistics.median(steady) if steady else None,
                 "batch_s": statistics.median(batch_s) if batch_s else None}
     except AssertionError as e:
+        print(e, flush=True)  # the whole difference, rows included
         return {"name": name, "error": "DIFFERS: " + str(e).split("\n")[0]}
     except Exception as e:  # noqa: BLE001 - reported, never hidden
+        print(f"{name}: {type(e).__name__}: {e}", flush=True)
         return {"name": name, "error": f"{type(e).__name__}: {str(e)[:200]}"}
     finally:
         try:

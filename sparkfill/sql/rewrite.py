@@ -59,6 +59,15 @@ plan is built from the rewritten tree.
   each relation has such an equality with those before it (inner joins commute).
   A column names its relation by qualifier, or (given the relations' columns) by
   being a column of exactly one of them.
+- ``a / b`` is ``try_divide(a, b)``: the same value (and type) wherever Spark's
+  division returns one, NULL where it raises (a zero divisor, a decimal overflow,
+  under ANSI mode). An MV evaluates its expressions over states Spark's query never
+  sees — a join or aggregate half backfilled, a global ``count(*)`` that is 0 before
+  its link has read a row (TPC-DS q90's ``amc / pmc``), the other side of an epoch's
+  change — and a division that raises there would fail every epoch. Over the whole
+  input the MV differs from Spark's query only where that query fails (VERIFY then
+  reports Spark's error). A SELECT whose unnamed item holds a division keeps its
+  divisions (Spark names the item after its text).
 """
 
 from __future__ import annotations
@@ -121,7 +130,23 @@ def rewrite_query(query: exp.Expr, columns_of: ColumnsOf | None = None) -> exp.E
                 query = decorrelated
             else:
                 select.replace(decorrelated)
+    _divisions_to_try(query)
     return query
+
+
+def _divisions_to_try(query: exp.Expr) -> None:
+    """Each ``a / b`` of ``query`` as ``try_divide(a, b)``, in place (see above)."""
+    kept: set[int] = set()
+    for select in query.find_all(exp.Select):
+        if any(not isinstance(item, exp.Alias | exp.Column | exp.Star)
+               and any(d.find_ancestor(exp.Select) is select for d in item.find_all(exp.Div))
+               for item in select.expressions):
+            kept.add(id(select))
+    for div in list(query.find_all(exp.Div)):
+        scope = div.find_ancestor(exp.Select)
+        if scope is not None and id(scope) in kept:
+            continue
+        div.replace(exp.SafeDivide(this=div.this, expression=div.expression))
 
 
 def _union_to_distinct(query: exp.Expr) -> exp.Expr:

@@ -60,8 +60,8 @@ _FLIPPED: dict[type[exp.Expr], type[exp.Expr]] = {
     exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.GT: exp.LT, exp.LT: exp.GT,
     exp.GTE: exp.LTE, exp.LTE: exp.GTE}
 #: expressions that are NULL when an operand is NULL
-_NULL_PROPAGATING = (exp.Paren, exp.Cast, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg,
-                     exp.Literal)
+_NULL_PROPAGATING = (exp.Paren, exp.Cast, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.SafeDivide,
+                     exp.Neg, exp.Literal)
 
 
 def decorrelate(select: exp.Select, columns_of: ColumnsOf | None) -> exp.Select:
