@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -164,6 +165,7 @@ class ArrangementScan:
                    if isinstance(s := progress.states[v], InProgress) and s.pos.key is not None}
         if started:
             rows = rows.where(~covered([], started, up.key_columns))
+        stats: dict[int, tuple[int, Any]]
         if whole:
             chunk = rows.persist(StorageLevel.MEMORY_AND_DISK)
             stats = {int(r["v"]): (int(r["n"]), None) for r in chunk.groupBy(
@@ -186,7 +188,7 @@ class ArrangementScan:
             total += n_v
             before = states[v]
             done_rows = 0 if isinstance(before, NotStarted) else before.rows
-            if whole or n_v < quota:
+            if whole or n_v < quota or last is None:
                 states[v] = Done(done_rows + n_v)
             else:
                 key = tuple(last[f"k{i}"] for i in range(len(up.key)))
