@@ -22,13 +22,15 @@ in a run of the workload (``durability_driver``) from an empty warehouse. The ha
    retained epoch, the sink against its MV, no dangling or orphan file, no leaked
    lock).
 
-The finishing child still runs the workload to its end (whatever it has left after
-the site), since what it checks needs the end: every MV created and exact, the MVs to
-drop dropped, the ``CREATE OR REPLACE`` switched, each sink synced at the last epoch.
-So a site costs the steps from its boundary to the end and the check, not also the
-steps before its boundary. Every run happens in the same folder (``<root>/site``; the
-meta store records the sinks' absolute paths), so sites run one at a time; a failed
-site's folder is moved aside.
+The finishing child runs a *bounded finish* (``--finish``, default 2): the step the
+crash interrupted, two more scripted steps, then extra epochs until every MV it has
+created is created (and switched, for a ``CREATE OR REPLACE`` issued), and checks the
+workload as those steps left it: the MVs those steps dropped dropped, each sink they
+created synced at the last epoch. ``--finish 0`` runs the workload to its end. So a
+site costs the steps from its boundary to a few past the site and the check, not the
+steps before its boundary nor the rest of the workload. Every run happens in the same
+folder (``<root>/site``; the meta store records the sinks' absolute paths), so sites
+run one at a time; a failed site's folder is moved aside.
 
 The children are light Python processes: they share one Spark Connect server (a
 child's ``os._exit`` kills the engine, its Python process, for real; the server, which
@@ -82,8 +84,11 @@ class Outcome:
 
 
 class Harness:
-    def __init__(self, root: str, remote: str, log=print) -> None:
+    def __init__(self, root: str, remote: str, log=print, finish: int | None = None) -> None:
         self.root = root
+        #: a bounded finish (``durability_driver.FINISH_ENV``): the checking child runs
+        #: this many steps past the crashed one (None: to the workload's end)
+        self.finish = finish
         self.remote = remote
         self.log = log
         self.reference = os.path.join(root, "reference")
@@ -186,7 +191,8 @@ class Harness:
                 outcome.status = "failed"
                 outcome.problems.append(f"the recovering run failed ({code}):\n{tail}")
         if outcome.status == "exact":
-            code, out, tail = self.child("check", base)
+            bounded = {} if self.finish is None else {dd.FINISH_ENV: str(self.finish)}
+            code, out, tail = self.child("check", base, **bounded)
             if code != 0:
                 outcome.status = "failed"
                 outcome.problems += [ln[len("PROBLEM "):] for ln in out
@@ -246,7 +252,7 @@ def run(args: argparse.Namespace, log=print) -> int:
         server = ConnectServer(Path(root)).__enter__()
         remote = server.url
     try:
-        harness = Harness(root, remote, log)
+        harness = Harness(root, remote, log, args.finish or None)
         reached = harness.load() if args.reuse else harness.record()
         log(f"durability: reference run{' (reused)' if args.reuse else ''} reached "
             f"{len(reached)} points, {sum(reached.values())} sites, "
@@ -321,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latest", action="store_true",
                     help="each point's last three occurrences first, the cheapest "
                          "(latest boundary) first")
+    ap.add_argument("--finish", type=int, default=2,
+                    help="the checking child runs this many steps past the crashed one, "
+                         "then settles and checks (0: to the workload's end)")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds after which no new site starts (0: none)")
     args = ap.parse_args(argv)

@@ -179,6 +179,18 @@ def ops_for_step(i: int) -> list[dict[str, Any]]:
 #: before the DROP (4) and the CREATE OR REPLACE (5)
 STEPS_ENV = "SPARKFILL_DURABILITY_STEPS"
 N_STEPS = int(os.environ.get(STEPS_ENV) or 12)
+#: a *bounded finish*: the checking child runs this many scripted steps past the one
+#: the journal ends in (the step the crash interrupted), not to the workload's end; the
+#: check then holds the workload to what those steps did (``bounded_steps``)
+FINISH_ENV = "SPARKFILL_DURABILITY_FINISH"
+
+
+def bounded_steps(journal: str, finish: int) -> int:
+    """The scripted steps a finish ``finish`` steps past the journal's last step runs:
+    the step it ends in completed, then ``finish`` more, at most the workload's."""
+    entries = [e for e in read_journal(journal, repair=True) if e["op"] != "extra"]
+    last = entries[-1]["step"] if entries else 0
+    return min(N_STEPS, last + 1 + finish)
 
 
 # --------------------------------------------------------------------------- #
@@ -550,8 +562,12 @@ def save_boundary(warehouse: str, saves: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    global N_STEPS
     mode, warehouse, journal = argv[1], argv[2], argv[3]
     reference = argv[4] if len(argv) > 4 else None
+    if mode == "check" and os.environ.get(FINISH_ENV):
+        N_STEPS = bounded_steps(journal, int(os.environ[FINISH_ENV]))
+        print(f"FINISH {N_STEPS}", flush=True)
     durability_points.install()
     emit = lambda s: print(s, flush=True)  # noqa: E731
     eng = open_engine(warehouse)
