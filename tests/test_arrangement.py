@@ -112,15 +112,21 @@ def test_cancel_removes_job_and_leaves_upstream(engine, spark, warehouse):
     check_mv(engine, spark, "other", MV, "t", report.epoch)
 
 
+def _table_and_fixed_chunk_mv(engine, rng: random.Random, rows: int, chunk: int) -> None:
+    """``t`` of ``rows`` rows, committed, and ``m`` over it created with a fixed chunk
+    (no epoch target: the chunk does not adapt)."""
+    engine.sql(create_table_sql("t"))
+    engine.insert("t", [random_row(rng, k) for k in range(rows)])
+    engine.step()
+    engine.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = {chunk}, "
+               f"backfill_target_epoch_ms = 0) AS {mv_sql(MV, 't')}")
+
+
 def test_liveness_under_heavy_writes_into_backfilled_range(engine, spark):
     """Every epoch writes 4x the chunk into the very key range being backfilled;
     the job still finishes in a bounded number of epochs (RisingWave #26421)."""
     rng = random.Random(21)
-    engine.sql(create_table_sql("t"))
-    engine.insert("t", [random_row(rng, k) for k in range(2000)])
-    engine.step()
-    engine.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = 200, "
-               f"backfill_target_epoch_ms = 0) AS {mv_sql(MV, 't')}")
+    _table_and_fixed_chunk_mv(engine, rng, 2000, 200)
     next_key = 2000
     epochs = 0
     while engine.progress("m").state != "created":
@@ -232,11 +238,7 @@ def test_a_chunk_reads_whole_vnodes_when_they_fit_and_stops_inside_one_otherwise
     progress at their last key; once the chunk grows (a target set), the rest of those
     vnodes is read whole from their positions. Both reach created and are exact."""
     rng = random.Random(21)
-    engine.sql(create_table_sql("t"))
-    engine.insert("t", [random_row(rng, k) for k in range(600)])
-    engine.step()
-    engine.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = {chunk}, "
-               f"backfill_target_epoch_ms = 0) AS {mv_sql(MV, 't')}")
+    _table_and_fixed_chunk_mv(engine, rng, 600, chunk)
     in_progress = []
     for _ in range(20):
         _dml(engine, rng, 700)

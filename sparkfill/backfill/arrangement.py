@@ -165,21 +165,17 @@ class ArrangementScan:
                    if isinstance(s := progress.states[v], InProgress) and s.pos.key is not None}
         if started:
             rows = rows.where(~covered([], started, up.key_columns))
-        stats: dict[int, tuple[int, Any]]
-        if whole:
-            chunk = rows.persist(StorageLevel.MEMORY_AND_DISK)
-            stats = {int(r["v"]): (int(r["n"]), None) for r in chunk.groupBy(
-                F.col(VNODE).alias("v")).agg(F.count(F.lit(1)).alias("n")).collect()}
-        else:
+        aggs = [F.count(F.lit(1)).alias("n")]
+        if not whole:  # a quota of each vnode: its rows numbered, its last key kept
             order = Window.partitionBy(VNODE).orderBy(*up.key)
-            chunk = (rows.repartition(max(1, parallelism), VNODE)
-                     .withColumn("_sf_rn", F.row_number().over(order))
-                     .where(F.col("_sf_rn") <= quota).drop("_sf_rn")
-                     .persist(StorageLevel.MEMORY_AND_DISK))
-            stats = {int(r["v"]): (int(r["n"]), r["last"]) for r in chunk.groupBy(
-                F.col(VNODE).alias("v")).agg(
-                    F.count(F.lit(1)).alias("n"),
-                    F.max(position_struct(up.key_columns)).alias("last")).collect()}
+            rows = (rows.repartition(max(1, parallelism), VNODE)
+                    .withColumn("_sf_rn", F.row_number().over(order))
+                    .where(F.col("_sf_rn") <= quota).drop("_sf_rn"))
+            aggs.append(F.max(position_struct(up.key_columns)).alias("last"))
+        chunk = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        stats: dict[int, tuple[int, Any]] = {
+            int(r["v"]): (int(r["n"]), None if whole else r["last"])
+            for r in chunk.groupBy(F.col(VNODE).alias("v")).agg(*aggs).collect()}
         self.store.spark_jobs += 1
         states = list(progress.states)
         total = 0
@@ -188,7 +184,7 @@ class ArrangementScan:
             total += n_v
             before = states[v]
             done_rows = 0 if isinstance(before, NotStarted) else before.rows
-            if whole or n_v < quota or last is None:
+            if whole or n_v < quota:
                 states[v] = Done(done_rows + n_v)
             else:
                 key = tuple(last[f"k{i}"] for i in range(len(up.key)))
