@@ -15,13 +15,16 @@ Loads the steady benchmark's tables and MVs (``steady_bench``: ``t`` of N rows, 
 
 Classic sessions only (it reads the Spark UI and Py4J). Usage:
     python bench/epoch_anatomy.py [--rows 1000000] [--changes 1000] [--epochs 3]
+        [--profile N]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
+import pstats
 import random
 import shutil
 import statistics
@@ -95,12 +98,25 @@ def job_seconds(job: dict[str, Any]) -> float:
     return (at("completionTime") - at("submissionTime")).total_seconds()
 
 
+def rule_executor(spark: SparkSession) -> Any:
+    """Catalyst's rule executor object (its time per rule, summed over every plan)."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    return getattr(getattr(jvm.org.apache.spark.sql.catalyst.rules, "RuleExecutor$"), "MODULE$")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--changes", type=int, default=1_000)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile the timed epochs (cProfile) and print the N "
+                        "functions of most own time and of most cumulative time")
+    parser.add_argument("--rules", action="store_true",
+                        help="also print Catalyst's time per rule over the timed epochs "
+                        "(analysis and optimization of every plan the driver builds)")
     args = parser.parse_args()
+    profile = cProfile.Profile() if args.profile else None
     spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="anatomy-"))
     eng = Engine(work / "warehouse", spark=spark)
@@ -116,9 +132,16 @@ def main() -> int:
             eng.delete("t", deletes)
             before = max((j["jobId"] for j in api("jobs")), default=-1)
             calls.active = i >= timed.stop
+            profiling = profile is not None and i in timed
+            if args.rules and i == timed.start:
+                rule_executor(spark).resetMetrics()
+            if profiling:
+                profile.enable()
             t0 = time.perf_counter()
             report = eng.step()
             wall = time.perf_counter() - t0
+            if profiling:
+                profile.disable()
             calls.active = False
             if i not in timed:
                 continue
@@ -152,6 +175,13 @@ def main() -> int:
               "blocking job calls included)")
         for where, k in calls.calls.most_common(20):
             print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
+        if args.rules:
+            print("\nCatalyst over the timed epochs (and the counted ones after them):")
+            print(rule_executor(spark).dumpTimeSpent())
+        if profile is not None:
+            for order in ("tottime", "cumulative"):
+                print(f"\nprofile of the timed epochs by {order}:")
+                pstats.Stats(profile).sort_stats(order).print_stats(args.profile)
     finally:
         eng.close()
         shutil.rmtree(work, ignore_errors=True)
