@@ -22,6 +22,10 @@ from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "connect: also run against a Spark Connect server (SPARKFILL_TEST_CONNECT=1)")
+    config.addinivalue_line(
+        "markers", "extended: a larger or repeated variant of a test CI runs (another "
+        "strategy pair, a longer history, more queries of a benchmark); `make test` "
+        "deselects them, `make torture` runs them")
 
 
 #: tests that take a minute or more (a cluster, an S3 server, SIGKILLed drivers, many
@@ -41,15 +45,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from connect_server import CONNECT_ENV, ConnectServer
+    from session_conf import TEST_SPARK_CONF
 
     from sparkfill.session import REMOTE_ENV, build_spark_session
 
     if os.environ.get(CONNECT_ENV) != "1":
-        session = build_spark_session(master="local[2]", shuffle_partitions=2)
+        session = build_spark_session(master="local[2]", shuffle_partitions=2,
+                                      extra_conf=TEST_SPARK_CONF)
         yield session
         session.stop()
         return
-    with ConnectServer(tmp_path_factory.mktemp("connect")) as server:
+    with ConnectServer(tmp_path_factory.mktemp("connect"),
+                       extra_conf=TEST_SPARK_CONF) as server:
         # processes a test starts (crash drivers, the CLI) connect to it too
         os.environ[REMOTE_ENV] = server.url
         session = build_spark_session(remote=server.url, shuffle_partitions=2)

@@ -32,8 +32,12 @@ class ConnectServer:
     that stops it (and its JVM) on exit."""
 
     def __init__(self, workdir: Path, shuffle_partitions: int = 2,
-                 start_timeout: float = 180.0) -> None:
+                 start_timeout: float = 180.0,
+                 extra_conf: dict[str, str] | None = None) -> None:
+        """``extra_conf``: Spark settings on top of sparkfill's (the tests pass
+        ``session_conf.TEST_SPARK_CONF``; a benchmark passes none)."""
         self.workdir = workdir
+        self.extra_conf = dict(extra_conf or {})
         self.port = free_port()
         self.url = f"sc://localhost:{self.port}"
         self.shuffle_partitions = shuffle_partitions
@@ -50,6 +54,7 @@ class ConnectServer:
             "spark.default.parallelism": "2",
             "spark.driver.memory": "2g",
             **driver_conf(),  # the server's JVM as a local session's driver
+            **self.extra_conf,
         }
         cmd = [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS,
                "--name", "sparkfill-tests-connect", "--master", "local[2]"]

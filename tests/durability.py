@@ -240,6 +240,7 @@ def choose_sites(reached: collections.Counter[str], n: int, seed: int,
 
 def run(args: argparse.Namespace, log=print) -> int:
     from connect_server import ConnectServer
+    from session_conf import TEST_SPARK_CONF
 
     root = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="sparkfill-durability-"))
     os.makedirs(root, exist_ok=True)
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace, log=print) -> int:
     if remote is None:
         from pathlib import Path
 
-        server = ConnectServer(Path(root)).__enter__()
+        server = ConnectServer(Path(root), extra_conf=TEST_SPARK_CONF).__enter__()
         remote = server.url
     try:
         harness = Harness(root, remote, log, args.finish or None)

@@ -28,8 +28,10 @@ SITES = [("meta:begin_epoch", 3, 2)]
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory):
     from connect_server import ConnectServer
+    from session_conf import TEST_SPARK_CONF
 
-    with ConnectServer(tmp_path_factory.mktemp("durability-connect")) as server:
+    with ConnectServer(tmp_path_factory.mktemp("durability-connect"),
+                       extra_conf=TEST_SPARK_CONF) as server:
         yield server.url
 
 
