@@ -2,7 +2,8 @@
 #   make demo   - set up .venv, ensure Java 17/21, run the demo
 #   make test   - set up .venv, ensure Java 17/21, PostgreSQL's server binaries and headless
 #                 Chromium with its driver (the UI's browser tests), run pytest
-#                 on three workers (PYTEST_ARGS="-k foo" to filter, WORKERS=0 for one process),
+#                 on three workers (PYTEST_ARGS="-k foo" to filter, WORKERS=0 for one process;
+#                 tests marked `extended` are left to make torture),
 #                 then the tests marked `connect` again against Spark Connect servers (two workers)
 #   make lint   - ruff + mypy
 #   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
@@ -19,7 +20,8 @@
 #                 fault of tests/test_faults.py (ENOSPC, commit conflicts, failed jobs, an
 #                 object-store request cut, the meta store restarting; all points), and the
 #                 crash harness: SITES crash sites from SEED (tests/durability.py, default 200;
-#                 SITES=0: every site the workload reaches), printing its counts
+#                 SITES=0: every site the workload reaches), printing its counts, then the
+#                 tests marked `extended` (larger variants of tests make test runs)
 #   make clean  - remove caches and generated warehouses (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -53,8 +55,9 @@ demo: venv
 test: venv
 	@bash scripts/ensure_postgres.sh
 	@bash scripts/ensure_chromium.sh
-	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal $(PYTEST_ARGS)
-	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -n 2 --dist worksteal -m connect $(PYTEST_ARGS) \
+	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal -m "not extended" $(PYTEST_ARGS)
+	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -n 2 --dist worksteal \
+		-m "connect and not extended" $(PYTEST_ARGS) \
 		|| test $$? -eq 5  # 5: a -k filter left no test of the subset
 
 venv: $(STAMP)
@@ -96,6 +99,7 @@ torture: venv
 	@$(WITH_JAVA) SPARKFILL_TORTURE=1 $(VPY) -m pytest -q -s -p no:xdist tests/test_faults.py \
 		tests/test_meta_postgres.py::test_postgres_meta_store_restarting_between_epochs
 	@$(WITH_JAVA) $(VPY) tests/durability.py --seed $(SEED) --sites $(SITES)
+	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal -m extended
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -157,8 +157,9 @@ def _drive(eng: Engine, spark, drift: Drift, early: dict[str, str], late: dict[s
         assert eng.verify(mv).count() == 0, mv
 
 
-@pytest.mark.parametrize("strategies", [("no_shuffle", "blocking"), ("snapshot", "buffer")],
-                         ids=["no_shuffle-blocking", "snapshot-buffer"])
+@pytest.mark.parametrize("strategies", [
+    pytest.param(("no_shuffle", "blocking"), marks=pytest.mark.extended),
+    ("snapshot", "buffer")], ids=["no_shuffle-blocking", "snapshot-buffer"])
 def test_a_drifting_scalar_reevaluates_untouched_rows(spark, tmp_path, strategies):
     """HAVING and SELECT-list scalars created early with one strategy, WHERE and the
     q102 shape created after a history with another (the next test creates the
@@ -175,6 +176,7 @@ def test_a_drifting_scalar_reevaluates_untouched_rows(spark, tmp_path, strategie
         eng.close()
 
 
+@pytest.mark.extended
 def test_a_drifting_scalar_at_scale_after_a_long_history(spark, tmp_path, monkeypatch):
     """The q102 shape and the one-row counts of EXISTS and NOT IN with the default
     strategy, created after a history of a third of a sweep (HAVING and WHERE before
