@@ -15,10 +15,11 @@ from pyspark.sql import functions as F
 
 from ..storage.relation_store import IS_BEFORE, IS_LIVE
 from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
+from .statement import sql_over
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
            "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes",
-           "image_sql"]
+           "image_sql", "changelog_sql"]
 
 
 def union_all(parts: Sequence[DataFrame]) -> DataFrame:
@@ -63,22 +64,22 @@ def consolidate(before: DataFrame | None, after: DataFrame, columns: Sequence[st
         return after.selectExpr(*[quoted(c) for c in columns],
                                 f"{vnode_sql([quoted(k) for k in dist_key or key])} AS {VNODE}",
                                 f"'+' AS {OP}")
-    keys = [quoted(k) for k in key]
+    keys = ", ".join(quoted(k) for k in key)
     # the images of a key paired by a window over the key, not a full outer join:
     # one exchange (none over one partition) instead of one per side, and the
     # pairs keep their input's partitioning (a full outer join's is unknown, so
-    # the group or join after it would shuffle again)
+    # the group or join after it would shuffle again); one statement, analysed once
     img = image_sql(columns)
     none = f"IF(FALSE, {img}, NULL)"  # NULL of the image's type
-    images = before.selectExpr(*keys, f"{img} AS {BEFORE}", f"{none} AS {AFTER}").unionByName(
-        after.selectExpr(*keys, f"{none} AS {BEFORE}", f"{img} AS {AFTER}"))
-    by_key = f"OVER (PARTITION BY {', '.join(keys)})"
-    pairs = images.selectExpr(
-        *keys, BEFORE, f"first({BEFORE}, TRUE) {by_key} AS _sf_pb",
-        f"first({AFTER}, TRUE) {by_key} AS _sf_pa",
-    ).where(f"{BEFORE} IS NOT NULL OR _sf_pb IS NULL").selectExpr(
-        *keys, f"_sf_pb AS {BEFORE}", f"_sf_pa AS {AFTER}")
-    return changelog_of_pairs(pairs, columns, dist_key or key)
+    by_key = f"OVER (PARTITION BY {keys})"
+    images = (f"SELECT {keys}, {img} AS {BEFORE}, {none} AS {AFTER} FROM {{_sf_before}} "
+              f"UNION ALL SELECT {keys}, {none} AS {BEFORE}, {img} AS {AFTER} FROM {{_sf_after}}")
+    windowed = (f"SELECT {keys}, {BEFORE}, first({BEFORE}, TRUE) {by_key} AS _sf_pb, "
+                f"first({AFTER}, TRUE) {by_key} AS _sf_pa FROM ({images}) AS _sf_images")
+    pairs = (f"SELECT {keys}, _sf_pb AS {BEFORE}, _sf_pa AS {AFTER} FROM ({windowed}) "
+             f"AS _sf_windowed WHERE {BEFORE} IS NOT NULL OR _sf_pb IS NULL")
+    return sql_over(changelog_sql(pairs, columns, dist_key or key),
+                    {"_sf_before": before, "_sf_after": after})
 
 
 #: the before- and after-image columns (structs of a row's columns, null when absent)
@@ -103,17 +104,33 @@ def changelog_of_pairs(pairs: DataFrame, columns: Sequence[str],
     new row, ``-`` for a gone one, ``U-``/``U+`` for a changed one, nothing for an
     unchanged one. Output: ``columns``, ``_vnode`` (the hash of ``dist_key``), ``_op``.
     Built as SQL text: a few driver calls, whatever the number of columns."""
+    out = pairs.where(f"NOT ({BEFORE} <=> {AFTER})").selectExpr(
+        f"explode({_events()}) AS _sf_ev")
+    return out.selectExpr(*_event_columns(columns, dist_key))
+
+
+def changelog_sql(pairs: str, columns: Sequence[str], dist_key: Sequence[str]) -> str:
+    """``changelog_of_pairs`` as SQL text over the query ``pairs`` (SQL text)."""
+    return (f"SELECT {', '.join(_event_columns(columns, dist_key))} FROM ("
+            f"SELECT explode({_events()}) AS _sf_ev FROM ({pairs}) AS _sf_pairs "
+            f"WHERE NOT ({BEFORE} <=> {AFTER})) AS _sf_events")
+
+
+def _events() -> str:
+    """A pair's changelog rows as an array of (op, row) structs."""
     def event(op: str, image: str) -> str:
         return f"named_struct('op', '{op}', 'row', {image})"
 
-    events = (f"CASE WHEN {BEFORE} IS NULL THEN array({event('+', AFTER)}) "
-              f"WHEN {AFTER} IS NULL THEN array({event('-', BEFORE)}) "
-              f"ELSE array({event('U-', BEFORE)}, {event('U+', AFTER)}) END")
-    out = pairs.where(f"NOT ({BEFORE} <=> {AFTER})").selectExpr(f"explode({events}) AS _sf_ev")
+    return (f"CASE WHEN {BEFORE} IS NULL THEN array({event('+', AFTER)}) "
+            f"WHEN {AFTER} IS NULL THEN array({event('-', BEFORE)}) "
+            f"ELSE array({event('U-', BEFORE)}, {event('U+', AFTER)}) END")
+
+
+def _event_columns(columns: Sequence[str], dist_key: Sequence[str]) -> list[str]:
+    """The changelog's columns over ``_sf_ev`` (an event of ``_events``)."""
     row = {c: f"_sf_ev.row.{quoted(c)}" for c in columns}
-    return out.selectExpr(*[f"{row[c]} AS {quoted(c)}" for c in columns],
-                          f"{vnode_sql([row[k] for k in dist_key])} AS {VNODE}",
-                          f"_sf_ev.op AS {OP}")
+    return [*[f"{row[c]} AS {quoted(c)}" for c in columns],
+            f"{vnode_sql([row[k] for k in dist_key])} AS {VNODE}", f"_sf_ev.op AS {OP}"]
 
 
 def span_change(log_rows: DataFrame, columns: Sequence[str],
