@@ -230,7 +230,8 @@ def start_workload(eng, spark, rng: random.Random, key_space: int,
 # blocking and buffer: see test_union_all_keeps_every_branch_row_created_online
 #: the suite draws three queries from the grammar per seed; a sweep draws more seeds
 #: (``SPARKFILL_SHAPE_SEEDS=40 pytest -k random_shapes``, as bench/RESULTS.md reports)
-SHAPE_SEEDS = [(1, "arrangement"), (2, "no_shuffle"), (5, "snapshot")] + [
+SHAPE_SEEDS = [(1, "arrangement"), (2, "no_shuffle"),
+               pytest.param(5, "snapshot", marks=pytest.mark.extended)] + [
     (100 + i, ("arrangement", "no_shuffle", "snapshot")[i % 3])
     for i in range(int(os.environ.get("SPARKFILL_SHAPE_SEEDS", "0")))]
 
@@ -970,8 +971,9 @@ def _chain_dml(eng, rng: random.Random, n: int,
             getattr(eng, op)(table, rows)
 
 
-@pytest.mark.parametrize("strategy,shapes", [("arrangement", ["j4agg", "jstar"]),
-                                             ("snapshot", ["j3", "jleft"])])
+@pytest.mark.parametrize("strategy,shapes", [
+    ("arrangement", ["j4agg", "jstar"]),
+    pytest.param("snapshot", ["j3", "jleft"], marks=pytest.mark.extended)])
 def test_join_chains_created_online_match_batch_every_epoch(spark, tmp_path, strategy, shapes):
     """Joins of 3 and 4 relations (inner, LEFT, comma joins, an aggregate above) are
     chains of two-way links created one after another while every table changes;
