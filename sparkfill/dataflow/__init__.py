@@ -7,5 +7,6 @@ aggregate or the window functions), ``project`` (filter/project, the row stage),
 LIMIT), ``recompute`` (an MV's and its state tables' rows from whole inputs, and their
 difference from the last epoch), ``change`` (a change as before/after images, signed
 changes), ``keys`` (partition keys as JSON, touched keys), ``changelog`` (consolidated
-changelogs).
+changelogs), ``statement`` (a rule as one SQL statement over its input frames,
+analysed once).
 """
