@@ -23,6 +23,7 @@ import threading
 import time
 
 import crash_driver as cd
+import pytest
 from helpers import assert_rows_equal, check_mv, subprocess_env
 
 from sparkfill import EpochNotRetained
@@ -82,6 +83,7 @@ def _tail(path: str, n: int = 4000) -> str:
         return f.read()[-n:].decode(errors="replace")
 
 
+@pytest.mark.extended
 def test_sigkill_during_backfill_loses_nothing(spark, tmp_path):
     from sparkfill import Engine
 

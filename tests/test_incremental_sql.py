@@ -230,7 +230,7 @@ def start_workload(eng, spark, rng: random.Random, key_space: int,
 # blocking and buffer: see test_union_all_keeps_every_branch_row_created_online
 #: the suite draws three queries from the grammar per seed; a sweep draws more seeds
 #: (``SPARKFILL_SHAPE_SEEDS=40 pytest -k random_shapes``, as bench/RESULTS.md reports)
-SHAPE_SEEDS = [(1, "arrangement"), (2, "no_shuffle"),
+SHAPE_SEEDS = [pytest.param(1, "arrangement", marks=pytest.mark.extended), (2, "no_shuffle"),
                pytest.param(5, "snapshot", marks=pytest.mark.extended)] + [
     (100 + i, ("arrangement", "no_shuffle", "snapshot")[i % 3])
     for i in range(int(os.environ.get("SPARKFILL_SHAPE_SEEDS", "0")))]
@@ -1084,7 +1084,8 @@ WINDOW_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("strategy", ["arrangement", "snapshot"])
+@pytest.mark.parametrize("strategy", [
+    "arrangement", pytest.param("snapshot", marks=pytest.mark.extended)])
 def test_window_functions_created_online_match_batch_every_epoch(spark, tmp_path, strategy):
     """Window functions over partitions (rank, sum, lag, a ROWS frame, dense_rank over
     a join, row_number top-N per partition, one partition without PARTITION BY) are

@@ -79,6 +79,7 @@ def test_every_strategy_on_an_s3_warehouse(spark, s3_server, s3_warehouse, pg_ur
     assert _files_under(tmp_path) == before, "files appeared on the local disk"
 
 
+@pytest.mark.extended
 def test_sigkill_on_an_s3_warehouse_loses_nothing(spark, s3_server, s3_warehouse, pg_url,
                                                   tmp_path, monkeypatch):
     """The crash workload's writer SIGKILLed mid-backfill, reopened: the table equals

@@ -39,7 +39,9 @@ def _shapes(kinds: list[str], seed: int) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-@pytest.mark.parametrize("group", sorted(SHAPE_GROUPS))
+@pytest.mark.parametrize("group", [
+    pytest.param(g, marks=pytest.mark.extended) if g == "rows_and_aggregates" else g
+    for g in sorted(SHAPE_GROUPS)])
 def test_recomputed_mvs_match_batch_every_epoch_and_feed_downstream(spark, tmp_path, group):
     """Every shape with ``refresh = 'full'``: exact at every epoch (time travel too),
     the report says each was recomputed; an incremental MV over each one takes the
