@@ -25,17 +25,18 @@ from ..sql.planner import GROUP_KEY, GROUP_OF_ROW, GROUP_ROWS, AggSpec, MvPlan, 
 from ..storage.catalog import Relation
 from ..storage.keyrange import values_in
 from ..storage.relation_store import Appended, RelationStore
-from ..storage.schema import OP, names_sql, quoted, vnode_expr
+from ..storage.schema import OP, names_sql, quoted, vnode_expr, vnode_sql
 from .change import StateDelta, apply_delta, may_retract
-from .changelog import AFTER, BEFORE, changelog_of_pairs, consolidate, image_sql
+from .changelog import AFTER, BEFORE, changelog_sql, consolidate, image_sql
 from .keys import (
     SCAN_ROWS,
     group_json,
     group_json_sql,
-    normalized,
+    normalized_sql,
     read_touched,
     touched_partitions,
 )
+from .statement import sql_over
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "group_values", "keeps_input", "outputs", "evaluate",
@@ -153,19 +154,23 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         else:
             parts += [f"{kind}(CASE WHEN {weight} > 0 THEN {x} END) AS {q(name + '_in')}",
                       f"{kind}(CASE WHEN {weight} < 0 THEN {x} END) AS {q(name + '_out')}"]
-    firsts = [F.first(normalized(g, row_types)).alias(g) for g in spec.group]
-    partial = delta.groupBy(GROUP_OF_ROW).agg(*firsts, *[F.expr(p) for p in parts])
-    # the old values: the MV's rows of the touched groups (distributed by group),
-    # each with its whole row as the before-image of the group's change
+    # the signed Δ per group, left-joined to the touched groups' old values (the MV's
+    # rows, distributed by group), each with its whole row as the before-image of the
+    # group's change; a sort-merge join: over the one partition of small reads it
+    # needs no exchange, where a broadcast of the old values would be a Spark job of
+    # its own. SQL text over the frames ``_sf_delta`` and ``_sf_old``, analysed once.
+    firsts = [f"first({normalized_sql(g, row_types)}) AS {q(g)}" for g in spec.group]
     hidden = [c for c in mv.columns if c.hidden and c.name != GROUP_KEY]
-    old = read_touched(store, mv, epoch - 1, [written], GROUP_OF_ROW)
-    # a sort-merge join: over the one partition of small reads it needs no exchange,
-    # where a broadcast of the old values would be a Spark job of its own
-    joined = partial.join(
-        old.selectExpr(f"{GROUP_KEY} AS {GROUP_OF_ROW}",
-                       *[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
-                       f"{image_sql(names)} AS {BEFORE}").hint("merge"),
-        GROUP_OF_ROW, "left")
+    old_cols = [q("_sf_old" + c.name) for c in hidden]
+    joined = (
+        f"SELECT /*+ MERGE(_sf_o) */ _sf_p.*, {', '.join([*old_cols, BEFORE])} FROM "
+        f"(SELECT {GROUP_OF_ROW}, {', '.join([*firsts, *parts])} FROM {{_sf_delta}} "
+        f"GROUP BY {GROUP_OF_ROW}) AS _sf_p LEFT JOIN (SELECT {GROUP_KEY} AS _sf_okey, "
+        + ", ".join([*[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
+                     f"{image_sql(names)} AS {BEFORE}"])
+        + f" FROM {{_sf_old}}) AS _sf_o ON _sf_p.{GROUP_OF_ROW} = _sf_o._sf_okey")
+    frames = {"_sf_delta": delta,
+              "_sf_old": read_touched(store, mv, epoch - 1, [written], GROUP_OF_ROW)}
 
     def was(column: str) -> str:
         return q(f"_sf_old{column}")
@@ -205,10 +210,11 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     if lost and may_retract(written):
         # the groups that lost their extreme (and still have rows): a small collect,
         # only when rows left (an insert-only Δ retracts nothing)
-        lost_groups = [(str(r[0]), int(r[1])) for r in joined.selectExpr(
-            GROUP_OF_ROW, f"({lost}) AS _sf_lost", *new_values_sql(False)).where(
-            f"_sf_lost AND {GROUP_ROWS} > 0").select(
-            GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW])).collect()]
+        lost_groups = [(str(r[0]), int(r[1])) for r in sql_over(
+            f"SELECT {GROUP_OF_ROW}, {vnode_sql([GROUP_OF_ROW])} FROM (SELECT "
+            f"{GROUP_OF_ROW}, ({lost}) AS _sf_lost, "
+            f"{', '.join(new_values_sql(False))} FROM ({joined}) AS _sf_j) AS _sf_n "
+            f"WHERE _sf_lost AND {GROUP_ROWS} > 0", frames).collect()]
         store.spark_jobs += 1
     if lost_groups:
         # their extremes recomputed from their input rows (the state's rows of those
@@ -221,26 +227,24 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         in_groups = values_in(GROUP_OF_ROW, groups)
         assert in_groups is not None  # JSON strings
         new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
-        recomputed = group_values(spec, new_input).selectExpr(
-            f"{group_json_sql(spec.group, row_types)} AS {GROUP_OF_ROW}",
-            "TRUE AS _sf_lost",
+        frames["_sf_re"] = group_values(spec, new_input).selectExpr(
+            f"{group_json_sql(spec.group, row_types)} AS _sf_rekey",
             *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running
               if kind in ("min", "max")])
-        joined = joined.join(recomputed, GROUP_OF_ROW, "left").withColumn(
-            "_sf_lost", F.coalesce(F.col("_sf_lost"), F.lit(False)))
-    value_cols = [GROUP_OF_ROW, *spec.group, GROUP_ROWS,
-                  *[c.name for c in hidden if c.name != GROUP_ROWS], BEFORE]
-    new_values = joined.selectExpr(GROUP_OF_ROW, *[q(g) for g in spec.group],
-                                   *new_values_sql(bool(lost_groups)), BEFORE
-                                   ).selectExpr(*names_sql(value_cols))
+        joined = (f"SELECT _sf_j.*, _sf_r.*, _sf_r._sf_rekey IS NOT NULL AS _sf_lost "
+                  f"FROM ({joined}) AS _sf_j LEFT JOIN {{_sf_re}} AS _sf_r "
+                  f"ON _sf_j.{GROUP_OF_ROW} = _sf_r._sf_rekey")
+    new_values = (f"SELECT {', '.join([GROUP_OF_ROW, *map(q, spec.group)])}, "
+                  f"{', '.join(new_values_sql(bool(lost_groups)))}, {BEFORE} "
+                  f"FROM ({joined}) AS _sf_j")
     # a group's change: its old row (the before-image) against its new values
     # (none when its last row left); one projection over every touched group, so
     # the plan above computes them once
     live = f"{GROUP_ROWS} > 0"
-    pairs = outputs(mv, spec, new_values, row_types, carry=(BEFORE,),
-                    only_if=live).selectExpr(
-        GROUP_KEY, BEFORE, f"IF({live}, {image_sql(names)}, NULL) AS {AFTER}")
-    return changelog_of_pairs(pairs, names, mv.key)
+    rows = outputs_sql(mv, spec, new_values, row_types, carry=(BEFORE,), only_if=live)
+    pairs = (f"SELECT {GROUP_KEY}, {BEFORE}, IF({live}, {image_sql(names)}, NULL) "
+             f"AS {AFTER} FROM ({rows}) AS _sf_rows")
+    return sql_over(changelog_sql(pairs, names, mv.key), frames)
 
 
 def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
@@ -262,8 +266,13 @@ def outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
     ``only_if``: a condition of a group's values; the visible outputs of a group
     that fails it are NULL and never evaluated (a division by a gone group's count
     would fail)."""
-    if spec.having:
-        grouped = grouped.where(spec.having)
+    return sql_over(outputs_sql(mv, spec, "SELECT * FROM {_sf_grouped}", group_types,
+                                carry, only_if), {"_sf_grouped": grouped})
+
+
+def outputs_sql(mv: Relation, spec: AggSpec, grouped: str, group_types: dict[str, str],
+                carry: Sequence[str] = (), only_if: str | None = None) -> str:
+    """``outputs`` as SQL text over the query ``grouped`` (SQL text)."""
     types = {c.name: c.type for c in mv.columns}
     out = [f"CAST(({sql}) AS {types[name]}) AS {quoted(name)}" if only_if is None else
            f"CAST(IF({only_if}, ({sql}), NULL) AS {types[name]}) AS {quoted(name)}"
@@ -271,7 +280,9 @@ def outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
     key = f"{group_json_sql(spec.group, group_types)} AS {GROUP_KEY}"
     hidden = [f"CAST({quoted(c.name)} AS {c.type}) AS {quoted(c.name)}" for c in mv.columns
               if c.hidden and c.name != GROUP_KEY]
-    return grouped.selectExpr(*out, key, *hidden, *[quoted(c) for c in carry])
+    where = f" WHERE {spec.having}" if spec.having else ""
+    return (f"SELECT {', '.join([*out, key, *hidden, *[quoted(c) for c in carry]])} "
+            f"FROM ({grouped}) AS _sf_grouped{where}")
 
 
 def evaluate(mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
