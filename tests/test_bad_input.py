@@ -628,3 +628,26 @@ def test_second_writer_in_process_is_locked_out(fx, warehouse, spark):
     with pytest.raises(WarehouseLocked):
         Engine(warehouse, spark=spark)
     fx.expect_unchanged(epoch)
+
+
+def test_mv_whose_constant_cannot_be_computed(fx):
+    # found by the fuzzer: the MV was created over an empty table, and every epoch
+    # after the first insert failed planning Spark's folding of '‮' as a BIGINT
+    raises(
+        fx,
+        DataError,
+        lambda: fx.eng.sql("CREATE MATERIALIZED VIEW m_bad AS SELECT order_id FROM orders "
+                           "WHERE amount % '\u202e' <> 0"),
+        "\u202e",
+    )
+
+
+@pytest.mark.parametrize("values", [[True, False], [1.5j, 2j], [b"a", b"b"]],
+                         ids=["bool", "complex", "bytes"])
+def test_pandas_column_arrow_cannot_cast(fx, values):
+    # found by the fuzzer: a pandas column of bools for a TIMESTAMP raised pyarrow's
+    # ArrowNotImplementedError through the boundary's catch-all
+    fx.eng.sql("CREATE TABLE events (id BIGINT, at TIMESTAMP, PRIMARY KEY (id))")
+    fx.step()
+    rows = pd.DataFrame({"id": [1, 2], "at": values})
+    raises(fx, DataError, lambda: fx.eng.insert("events", rows), "events", "at", "row 0")

@@ -609,7 +609,13 @@ def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
             probe = probe.group_by(*[g.copy() for g in group])
         if having is not None:
             probe = probe.having(having.copy())
-        schema = spark.sql(probe.sql(dialect="spark")).schema
+        probed = spark.sql(probe.sql(dialect="spark"))
+        schema = probed.schema
+        # planned too (over no rows: no Spark job): planning folds constants, and one
+        # that cannot be computed (a string that is no number where a number is
+        # needed) fails Spark's query over every snapshot; refused here, not by the
+        # first epoch that brings rows
+        probed.collect()
         return schema if items else StructType([])
     finally:
         for view in views:

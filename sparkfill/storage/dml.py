@@ -141,7 +141,7 @@ class DmlStager:
                 continue
             try:
                 arrays.append(pa.array(vals, type=t, from_pandas=True))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 raise self._type_error(rel, c.name, c.type, list(vals), t) from None
             if not c.nullable and arrays[-1].null_count:
                 idx = pc.index(pc.is_null(arrays[-1]), True).as_py()
@@ -161,7 +161,7 @@ class DmlStager:
         for i, v in enumerate(vals):
             try:
                 pa.array([v], type=t, from_pandas=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 return DataError(f"table {rel.name!r}, row {i}, column {col!r}: value {v!r} "
                                  f"is not a valid {type_name.upper()}")
         return DataError(f"table {rel.name!r}, column {col!r}: values are not valid "
