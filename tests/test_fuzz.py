@@ -147,6 +147,9 @@ def test_wrong_argument_types(engine):
 @pytest.mark.parametrize("sql", [
     "DELETE t WHERE id IS NOT NULL",  # no FROM: the parser reads a boolean as the target
     "INSERT INTO (id) VALUES (1)",
+    # an EXPLAIN whose CREATE has no name, or a quoted string for one, failed an assert
+    "EXPLAIN CREATE MATERIALIZED VIEW ",
+    "EXPLAIN CREATE MATERIALIZED VIEW '\u202e' AS SELECT id AS k FROM t",
 ])
 def test_statement_without_a_relation_name(engine, sql):
     engine.sql("CREATE TABLE t (id BIGINT, PRIMARY KEY (id))")

@@ -484,7 +484,10 @@ def parse_statement(sql: str) -> Command:
     m = _EXPLAIN.match(sql)
     if m:
         inner = _CREATE_MV.match(m.group("rest"))
-        assert inner is not None
+        if inner is None:  # no name, or one that is no identifier ('x', a symbol)
+            raise SqlError("EXPLAIN CREATE MATERIALIZED VIEW needs the name of a relation "
+                           "(letters, digits and _, or in backquotes) before its query, not "
+                           f"{m.group('rest')[:80]!r}")
         return Explain(_parse_create_mv(inner))
     m = _EXPLAIN_EXISTING.match(sql)
     if m:
