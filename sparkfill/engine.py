@@ -947,7 +947,12 @@ class Engine:
         if len(df.columns) != len(names):
             raise SqlError(f"INSERT INTO {rel.name}: {len(names)} columns but "
                            f"{len(df.columns)} values per row")
-        rows = [dict(zip(names, r, strict=True)) for r in df.collect()]
+        try:
+            values = df.collect()
+        except (ValueError, OverflowError) as exc:  # a value Python cannot hold
+            raise DataError(f"INSERT INTO {rel.name}: bad VALUES: a value is out of range "
+                            f"({exc})") from exc
+        rows = [dict(zip(names, r, strict=True)) for r in values]
         self.stager.stage(rel, rows, UPSERT)
         return None
 

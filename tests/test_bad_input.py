@@ -651,3 +651,13 @@ def test_pandas_column_arrow_cannot_cast(fx, values):
     fx.step()
     rows = pd.DataFrame({"id": [1, 2], "at": values})
     raises(fx, DataError, lambda: fx.eng.insert("events", rows), "events", "at", "row 0")
+
+
+def test_sql_insert_of_a_timestamp_out_of_range(fx):
+    # found by the fuzzer: Spark computes the timestamp (year -235198), and reading it
+    # back raised Python's ValueError through the boundary's catch-all
+    fx.eng.sql("CREATE TABLE events (id BIGINT, at TIMESTAMP, PRIMARY KEY (id))")
+    fx.step()
+    raises(fx, DataError, lambda: fx.eng.sql(
+        "INSERT INTO events VALUES (1, TIMESTAMP '2024-01-01 00:00:00'), "
+        "(2, TIMESTAMP 12345678901234567890.123)"), "events", "out of range")
