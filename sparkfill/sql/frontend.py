@@ -18,6 +18,7 @@ from sqlglot import exp
 from ..errors import SqlError, UnsupportedQuery
 from ..options import sample_fraction, validate_option
 from ..storage.schema import Column, normalize_type_name
+from .output_names import SOURCE_SQL
 from .rewrite import time_windows_to_derived
 
 __all__ = [
@@ -317,6 +318,7 @@ def _parse_create_mv(m: re.Match[str]) -> CreateMaterializedView:
     except sqlglot.errors.SqlglotError as exc:  # a ParseError, or a TokenError (a quote
         # or comment left open)
         raise SqlError(f"cannot parse the query of materialized view {name!r}: {exc}") from exc
+    query.meta[SOURCE_SQL] = query_sql  # Spark names unnamed outputs after this text
     or_replace = bool(m.group("orr"))
     if or_replace and m.group("ine"):
         raise SqlError("CREATE OR REPLACE MATERIALIZED VIEW and IF NOT EXISTS exclude each "

@@ -14,13 +14,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
 from ..errors import SparkfillError
 from ..storage.schema import user_struct
 
-__all__ = ["name_outputs"]
+__all__ = ["name_outputs", "SOURCE_SQL"]
+
+#: the key of a parsed query's ``meta`` that holds the text it was parsed from
+SOURCE_SQL = "sparkfill_source_sql"
 
 
 def _first_select(query: exp.Expr) -> exp.Select | None:
@@ -33,6 +36,84 @@ def _unnamed(item: exp.Expr) -> bool:
     return not isinstance(item, exp.Alias | exp.Column | exp.Star)
 
 
+def _leaf_frame(spark: SparkSession, table: exp.Table,
+                resolve: Callable[[str], object]) -> DataFrame | None:
+    """An empty frame with the visible columns of the relation ``table`` names (None:
+    no relation of ours, such as a CTE's name or a table function)."""
+    if isinstance(table.this, exp.Func) or table.args.get("db"):
+        return None
+    try:
+        info = resolve(table.name)
+    except SparkfillError:
+        return None  # a CTE's name
+    columns = [c for c in info.columns if not c.hidden]  # type: ignore[attr-defined]
+    return spark.createDataFrame([], user_struct(columns))
+
+
+def _names_from_source(spark: SparkSession, query: exp.Expr,
+                       resolve: Callable[[str], object]) -> list[str] | None:
+    """Spark's output names of the query as the user wrote it (``query.meta``'s
+    ``SOURCE_SQL``, where each relation's name is replaced by an empty frame of its
+    columns): a function keeps the name it was called by (``substr``, where sqlglot
+    writes ``SUBSTRING``), and Spark names an output after it. None: no source text,
+    or a relation whose place in it is not known."""
+    text = query.meta.get(SOURCE_SQL)
+    if not isinstance(text, str):
+        return None
+    spans: list[tuple[int, int, str]] = []
+    frames: dict[str, DataFrame] = {}
+    for table in query.find_all(exp.Table):
+        frame = _leaf_frame(spark, table, resolve)
+        if frame is None:
+            continue
+        where = table.this.meta if isinstance(table.this, exp.Identifier) else {}
+        start, end = where.get("start"), where.get("end")
+        if not isinstance(start, int) or not isinstance(end, int) or \
+                text[start:end + 1].strip("`").lower() != table.name.lower():
+            return None
+        name = f"_sf_n{len(frames)}"
+        frames[name] = frame
+        # the relation's own name stays its alias, for the columns it qualifies
+        alias = "" if table.alias else " AS `" + table.name.replace("`", "``") + "`"
+        spans.append((start, end, "{" + name + "}" + alias))
+    if not frames:
+        return None
+    pieces, at = [], 0
+    for start, end, replacement in sorted(spans):
+        pieces += [text[at:start].replace("{", "{{").replace("}", "}}"), replacement]
+        at = end + 1
+    pieces.append(text[at:].replace("{", "{{").replace("}", "}}"))
+    try:
+        return spark.sql("".join(pieces), None, **frames).columns
+    except Exception:  # noqa: BLE001 - the other way, then the planner, report errors
+        return None
+
+
+def _names_from_tree(spark: SparkSession, query: exp.Expr,
+                     resolve: Callable[[str], object]) -> list[str] | None:
+    """Spark's output names of ``query`` as sqlglot writes it, over empty views of
+    its relations (None: Spark refused it; the planner reports why)."""
+    probe = query.copy()
+    views: list[str] = []
+    try:
+        for table in list(probe.find_all(exp.Table)):
+            frame = _leaf_frame(spark, table, resolve)
+            if frame is None:
+                continue
+            view = f"__sf_names_{uuid.uuid4().hex[:12]}"
+            frame.createOrReplaceTempView(view)
+            views.append(view)
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
+            table.set("this", exp.to_identifier(view))
+        try:
+            return spark.sql(probe.sql(dialect="spark")).columns
+        except Exception:  # noqa: BLE001 - the planner reports the query's own error
+            return None
+    finally:
+        for view in views:
+            spark.catalog.dropTempView(view)
+
+
 def name_outputs(spark: SparkSession, query: exp.Expr,
                  resolve: Callable[[str], object]) -> exp.Expr:
     """``query`` (a copy when changed) with its unnamed outputs named as Spark names
@@ -40,29 +121,11 @@ def name_outputs(spark: SparkSession, query: exp.Expr,
     select = _first_select(query)
     if select is None or not any(_unnamed(i) for i in select.expressions):
         return query
-    probe = query.copy()
-    views: list[str] = []
-    try:
-        for table in list(probe.find_all(exp.Table)):
-            if isinstance(table.this, exp.Func) or table.args.get("db"):
-                continue
-            try:
-                info = resolve(table.name)
-            except SparkfillError:
-                continue  # a CTE's name
-            columns = [c for c in info.columns if not c.hidden]  # type: ignore[attr-defined]
-            view = f"__sf_names_{uuid.uuid4().hex[:12]}"
-            spark.createDataFrame([], user_struct(columns)).createOrReplaceTempView(view)
-            views.append(view)
-            table.set("alias", exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
-            table.set("this", exp.to_identifier(view))
-        try:
-            names = spark.sql(probe.sql(dialect="spark")).columns
-        except Exception:  # noqa: BLE001 - the planner reports the query's own error
-            return query
-    finally:
-        for view in views:
-            spark.catalog.dropTempView(view)
+    names = _names_from_source(spark, query, resolve)
+    if names is None:
+        names = _names_from_tree(spark, query, resolve)
+    if names is None:
+        return query
     named = query.copy()
     target = _first_select(named)
     assert target is not None
