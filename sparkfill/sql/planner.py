@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from ..errors import SqlError, UnknownRelation, UnsupportedQuery
+from ..errors import DataError, SqlError, UnknownRelation, UnsupportedQuery
 from ..storage.schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
 from .rewrite import rewrite_query
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star
@@ -609,13 +609,19 @@ def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
             probe = probe.group_by(*[g.copy() for g in group])
         if having is not None:
             probe = probe.having(having.copy())
-        probed = spark.sql(probe.sql(dialect="spark"))
+        probe_sql = probe.sql(dialect="spark")
+        probed = spark.sql(probe_sql)
         schema = probed.schema
-        # planned too (over no rows: no Spark job): planning folds constants, and one
-        # that cannot be computed (a string that is no number where a number is
-        # needed) fails Spark's query over every snapshot; refused here, not by the
-        # first epoch that brings rows
-        probed.collect()
+        # planned too (EXPLAIN: no rows are computed, so no value of a row, such as a
+        # count of 0 divided by, can fail it): planning folds constants, and one that
+        # cannot be computed (a string that is no number where a number is needed)
+        # fails Spark's query over every snapshot; refused here, with Spark's error
+        # (running the probe over its empty relations raises it), not by the first
+        # epoch that brings rows
+        explained = spark.sql(f"EXPLAIN {probe_sql}").collect()[0][0]
+        if str(explained).startswith("Error occurred during query planning"):
+            probed.collect()
+            raise DataError(f"the query cannot be planned: {str(explained)[:300]}")
         return schema if items else StructType([])
     finally:
         for view in views:
