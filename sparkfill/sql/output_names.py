@@ -66,8 +66,8 @@ def _names_from_source(spark: SparkSession, query: exp.Expr,
         frame = _leaf_frame(spark, table, resolve)
         if frame is None:
             continue
-        where = table.this.meta if isinstance(table.this, exp.Identifier) else {}
-        start, end = where.get("start"), where.get("end")
+        position = table.this.meta if isinstance(table.this, exp.Identifier) else {}
+        start, end = position.get("start"), position.get("end")
         if not isinstance(start, int) or not isinstance(end, int) or \
                 text[start:end + 1].strip("`").lower() != table.name.lower():
             return None
