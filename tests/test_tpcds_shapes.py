@@ -105,3 +105,63 @@ def test_unnamed_outputs_are_named_by_the_function_the_query_calls(engine, spark
     expected = spark.sql(sql.replace("FROM w", "FROM {w}"), w=engine.read("w"))
     assert engine.read("names_kept").columns == expected.columns
     assert_same_rows(engine.read("names_kept"), expected, label="names_kept")
+
+
+def test_a_ratio_over_a_union_of_sums_keeps_sparks_decimal_type(engine, spark):
+    """TPC-DS q66's shape: ``sum(s / sq_ft)`` over a UNION ALL of two grouped sums
+    of ``decimal(7,2) * int``. Spark types each inner sum decimal(28,2) and the
+    ratio decimal(38,12); the MV's ratio held values rounded to scale 6 (the inner
+    sum, kept wider, made the division fall to Spark's minimum scale)."""
+    from helpers import assert_same_rows
+
+    engine.sql("CREATE TABLE s (id BIGINT, w INT, price DECIMAL(7,2), q INT, "
+               "PRIMARY KEY (id))")
+    engine.sql("CREATE TABLE c (id BIGINT, w INT, price DECIMAL(7,2), q INT, "
+               "PRIMARY KEY (id))")
+    engine.sql("CREATE TABLE wh (w INT, sq_ft INT, PRIMARY KEY (w))")
+    from decimal import Decimal
+    engine.insert("s", [{"id": i, "w": i % 3, "price": Decimal(f"{i * 7 % 100}.{i % 97:02d}"),
+                         "q": i % 11 + 1} for i in range(40)])
+    engine.insert("c", [{"id": i, "w": i % 3, "price": Decimal(f"{i * 3 % 100}.{i % 89:02d}"),
+                         "q": i % 5 + 1} for i in range(30)])
+    engine.insert("wh", [{"w": w, "sq_ft": 977_777 + w * 12_345} for w in range(3)])
+    engine.step()
+    sql = ("SELECT w, sq_ft, sum(sales) AS sales, sum(sales / sq_ft) AS per_ft FROM ("
+           "(SELECT wh.w, sq_ft, sum(CASE WHEN q > 2 THEN price * q ELSE 0 END) AS sales "
+           " FROM s, wh WHERE s.w = wh.w GROUP BY wh.w, sq_ft) UNION ALL "
+           "(SELECT wh.w, sq_ft, sum(CASE WHEN q > 2 THEN price * q ELSE 0 END) AS sales "
+           " FROM c, wh WHERE c.w = wh.w GROUP BY wh.w, sq_ft)) x "
+           "GROUP BY w, sq_ft ORDER BY w LIMIT 100")
+    engine.sql(f"CREATE MATERIALIZED VIEW per_ft WITH (backfill_chunk_rows = 8) AS {sql}")
+    report = _step_until_created(engine, "per_ft")
+    for table in ("s", "c", "wh"):
+        engine.read(table, as_of=report.epoch).createOrReplaceTempView(table)
+    expected = spark.sql(sql)
+    got = engine.read("per_ft", as_of=report.epoch)
+    assert got.schema == expected.schema
+    assert_same_rows(got, expected, label="per_ft")
+    engine.insert("s", [{"id": 100, "w": 1, "price": Decimal("12.34"), "q": 7}])
+    engine.delete("c", [{"id": 4}])
+    report = engine.step()
+    for table in ("s", "c", "wh"):
+        engine.read(table, as_of=report.epoch).createOrReplaceTempView(table)
+    assert_same_rows(engine.read("per_ft", as_of=report.epoch), spark.sql(sql),
+                     label="per_ft after a change")
+
+
+def test_a_running_sum_at_decimal_38_adds_at_its_scale_or_fails_loudly(spark):
+    """``exact_add_sql``: Spark's ``+`` of two decimal(38,12) gives decimal(38,11);
+    the running sum adds at scale 12 as Spark's ``sum`` does, and past the range it
+    can add exactly it raises rather than round."""
+    from sparkfill.dataflow.aggregate import exact_add_sql
+
+    t = "decimal(38,12)"
+    add = exact_add_sql("a", "b", t)
+    rows = spark.sql(f"SELECT {add} AS r FROM VALUES (CAST('0.000000000001' AS {t}), "
+                     f"CAST('9999999999999999999999.999999999999' AS {t})) AS v(a, b)")
+    assert str(rows.schema[0].dataType) == "DecimalType(38,12)"
+    assert str(rows.collect()[0].r) == "10000000000000000000000.000000000000"
+    with pytest.raises(Exception, match="running sum of decimal"):
+        spark.sql(f"SELECT {add} AS r FROM VALUES (CAST('1' AS {t}), "
+                  f"CAST('10000000000000000000000000.5' AS {t})) AS v(a, b)").collect()
+    assert exact_add_sql("a", "b", "decimal(28,2)") == "(a + b)"

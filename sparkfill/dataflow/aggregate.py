@@ -16,6 +16,7 @@ the job's first epoch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame
@@ -39,7 +40,7 @@ from .keys import (
 from .statement import sql_over
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
-           "estimate_groups", "group_values", "keeps_input", "outputs", "evaluate",
+           "estimate_groups", "exact_add_sql", "group_values", "keeps_input", "outputs", "evaluate",
            "state_may_wait", "touched_groups"]
 
 
@@ -149,7 +150,10 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         elif kind == "count_if":
             parts.append(f"sum(CASE WHEN {x} THEN {weight} END) AS {q(name + '_d')}")
         elif kind == "sum":
-            parts += [f"sum({weight} * {x}) AS {q(name + '_d')}",
+            # a leaving value negated, not multiplied by its weight: an int times a
+            # decimal(38, s) has scale at most 6 under Spark's precision rules
+            parts += [f"sum(CASE WHEN {OP} IN ('+', 'U+') THEN {x} ELSE -{x} END) "
+                      f"AS {q(name + '_d')}",
                       f"sum(CASE WHEN {x} IS NOT NULL THEN {weight} END) AS {q(name + '_dn')}"]
         else:
             parts += [f"{kind}(CASE WHEN {weight} > 0 THEN {x} END) AS {q(name + '_in')}",
@@ -189,8 +193,8 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                 non_null = running_count_column(name)
                 n = f"(coalesce({was(non_null)}, 0) + {d(name + '_dn')})"
                 new.append(f"{n} AS {q(non_null)}")
-                value = (f"CASE WHEN {n} = 0 THEN NULL "
-                         f"ELSE coalesce({was(name)}, 0) + {d(name + '_d')} END")
+                total = exact_add_sql(f"coalesce({was(name)}, 0)", d(name + "_d"), types[name])
+                value = f"CASE WHEN {n} = 0 THEN NULL ELSE {total} END"
             else:
                 extreme = "greatest" if kind == "max" else "least"
                 value = f"{extreme}({was(name)}, {q(name + '_in')})"
@@ -256,6 +260,25 @@ def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
         aggs += [F.count(F.col(arg)).alias(running_count_column(name))
                  for name, kind, arg in spec.running if kind == "sum"]
     return rows.groupBy(*spec.group).agg(*(aggs or [F.count(F.lit(1)).alias("_sf_n")]))
+
+
+def exact_add_sql(a: str, b: str, type_sql: str) -> str:
+    """``a + b`` (SQL) for two values of the running sum's type, at that type's scale.
+    Spark types ``decimal(38, s) + decimal(38, s)`` as ``decimal(38, s - 1)`` when s > 6
+    (its precision rules give up a digit of scale for a 39th of precision), where
+    its own ``sum`` adds at scale s; so two such values are added as
+    ``decimal(37, s)`` (exact: the sum fits 38 digits) while they fit in it, and a
+    value beyond that range fails the epoch loudly rather than lose its last digit."""
+    m = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", type_sql.strip().lower())
+    if m is None or int(m.group(1)) < 38 or int(m.group(2)) <= 6:
+        return f"({a} + {b})"
+    scale = int(m.group(2))
+    narrow = f"decimal(37,{scale})"
+    bound = f"1E{37 - scale}BD"
+    return (f"(CASE WHEN abs({a}) < {bound} AND abs({b}) < {bound} THEN "
+            f"CAST(CAST({a} AS {narrow}) + CAST({b} AS {narrow}) AS {type_sql}) "
+            f"ELSE CAST(raise_error('a running sum of {type_sql} reached 10^{37 - scale}: "
+            f"beyond it the MV cannot add at scale {scale} as Spark does') AS {type_sql}) END)")
 
 
 def outputs(mv: Relation, spec: AggSpec, grouped: DataFrame,
