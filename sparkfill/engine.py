@@ -53,6 +53,7 @@ from .options import (
     sample_fraction,
 )
 from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
+from .pipelines.failures import failed_upstream, failure_message, load_failures
 from .pipelines.replace import check_replacement, check_swap
 from .progress import EpochReport
 from .session import build_spark_session
@@ -456,6 +457,9 @@ class Engine:
                 raise MaterializedViewNotReady(
                     f"materialized view {rel.name!r} became readable at epoch "
                     f"{rel.ready_epoch}, after epoch {epoch}")
+            failed = failed_upstream(self.catalog, rel, load_failures(self.meta))
+            if failed is not None and epoch >= failed[1].epoch:
+                raise MaterializedViewNotReady(failure_message(self.catalog, rel, *failed))
         return epoch
 
     def _snapshot(self, rel: Relation, epoch: int) -> DataFrame:
@@ -479,12 +483,16 @@ class Engine:
         a snapshot: call again after later epochs to see them."""
         self._see_writer_commits()
         names = []
+        failures = load_failures(self.meta)
         for rel in self.catalog.all():
             if rel.internal or (rel.kind == "mv" and rel.state != "created"):
                 continue
             epoch = self.meta.committed_epoch if as_of is None else _epoch_number(as_of)
             if epoch < rel.created_epoch or (rel.ready_epoch or 0) > epoch:
                 continue
+            failed = failed_upstream(self.catalog, rel, failures)
+            if failed is not None and epoch >= failed[1].epoch:
+                continue  # failed on its rows (``read`` says why)
             self._snapshot(rel, self._epoch_for_read(rel, epoch)) \
                 .createOrReplaceTempView(rel.name)
             names.append(rel.name)
@@ -927,8 +935,13 @@ class Engine:
     def _show(self, cmd: Show) -> DataFrame:
         if cmd.what != "jobs":
             rows = show_rows(cmd.what, self.meta, self.catalog)
+            if cmd.what == "materialized views":  # failed on its rows (``failures``)
+                failures = load_failures(self.meta)
+                rows = [(r[0], "failed", *r[2:]) if failed_upstream(
+                    self.catalog, self.catalog.get(r[0]), failures) else r for r in rows]
         else:  # with the rates this engine measured
-            rows = [(j.name, j.strategy, j.state, j.rows_done, j.rows_total_estimate,
+            rows = [(j.name, j.strategy, "failed" if j.failed else j.state, j.rows_done,
+                     j.rows_total_estimate,
                      float(j.rows_per_second),
                      None if j.eta_seconds is None else float(j.eta_seconds))
                     for j in self.coordinator.jobs()]

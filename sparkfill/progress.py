@@ -32,6 +32,9 @@ class JobProgress:
     stalled: bool = False
     #: snapshot strategy, catching up: committed epochs not yet consumed from the log
     lag_epochs: int | None = None
+    #: why the MV (or an MV it reads) stopped: its query raised on the rows of an
+    #: epoch; reads are refused until ``ALTER ... RECOMPUTE`` rebuilds it (or DROP)
+    failed: str | None = None
 
     @property
     def fraction_done(self) -> float:
@@ -46,6 +49,8 @@ class JobProgress:
         keeps those its query passes), percent, rate and ETA once a rate is known."""
         line = (f"{self.name} {self.state}: {self.rows_done:,}/{self.rows_total_estimate:,} "
                 f"upstream rows scanned ({100 * self.fraction_done:.0f}%)")
+        if self.failed is not None:
+            return f"{line}; FAILED: {self.failed}"
         if self.state == "created":
             return line
         line += f", {self.rows_per_second:,.0f} rows/s"

@@ -69,6 +69,17 @@ from ..storage.meta_store import AfterCommit, EpochCommit, MetaStore, ProgressRo
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
 from ..storage.schema import VNODE, names_sql
 from .cost import linear_cost, sizes_differ
+from .failures import (
+    FAILED_KEY,
+    Failure,
+    RelationFailed,
+    error_line,
+    failed_upstream,
+    failure_message,
+    failures_json,
+    is_row_error,
+    load_failures,
+)
 from .refresh import FULL, RefreshPolicy
 from .replace import Switch, swapped, switch_delta, switched
 
@@ -469,12 +480,40 @@ class EpochCoordinator:
             self.meta.put(conn, RECOMPUTE_KEY, json.dumps(sorted(left)))
 
     def step(self) -> EpochReport:
-        plan = self.plan()
-        pending = self.meta.pending_epoch()
-        if pending is not None and pending[0] == plan["epoch"]:
-            plan = retry_plan(pending[1], plan)
-        self.meta.begin_epoch(plan["epoch"], plan)
-        return self.execute(plan)
+        # a relation that fails on its rows is marked failed and the epoch runs again
+        # without it, as a step after a failed one does (``failures``): at most once
+        # per relation, and once more to find whose deferred Δ failed
+        for _ in range(len(self.catalog.all()) + 2):
+            plan = self.plan()
+            pending = self.meta.pending_epoch()
+            if pending is not None and pending[0] == plan["epoch"]:
+                plan = retry_plan(pending[1], plan)
+            self.meta.begin_epoch(plan["epoch"], plan)
+            try:
+                return self.execute(plan)
+            except RelationFailed as failed:
+                self._isolate(failed, plan)
+        raise AssertionError("unreachable: every relation failed")  # pragma: no cover
+
+    def _isolate(self, failed: RelationFailed, plan: dict[str, Any]) -> None:
+        """Mark ``failed.rel`` failed at this epoch (its Δ raised an error of its
+        rows), or, when a deferred Δ raised, persist the plan's retry with every Δ
+        written alone; re-raise the cause when that was already so."""
+        epoch = int(plan["epoch"])
+        self.catalog.reload()
+        if failed.rel is None:
+            if plan.get("no_defer"):
+                raise failed.cause
+            self.meta.begin_epoch(epoch, {**plan, "no_defer": True})
+            return
+        failures = load_failures(self.meta)
+        if failures.get(failed.rel.id, Failure(-1, "")).epoch == epoch:
+            raise failed.cause  # failed again in the epoch that skips it: not its rows
+        failures[failed.rel.id] = Failure(epoch, error_line(failed.cause))
+        with self.meta.transaction() as conn:
+            self.meta.put(conn, FAILED_KEY, failures_json(failures))
+        LOG.warning(failure_message(self.catalog, self.catalog.user_mv(failed.rel),
+                                    failed.rel, failures[failed.rel.id]))
 
     def swap(self, a: Relation, b: Relation) -> EpochReport:
         """Run the epoch of ``ALTER MATERIALIZED VIEW a SWAP WITH b``: no DML, no
@@ -492,7 +531,11 @@ class EpochCoordinator:
         if pending is None:
             return None
         _, plan = pending
-        return self.execute(plan)
+        try:
+            return self.execute(plan)
+        except RelationFailed as failed:  # marked, and the epoch runs as a step
+            self._isolate(failed, plan)
+            return self.step()
 
     # --- execution ------------------------------------------------------------------------
 
@@ -540,65 +583,78 @@ class EpochCoordinator:
             one, two = (self.catalog.get_by_id(int(i)) for i in plan["swap"])
             for mv, other in ((one, two), (two, one)):
                 swapping[mv.id] = (*swapped(self.catalog, mv, other, epoch), other)
+        #: relations that failed on their rows (``failures``): each takes no Δ, unless
+        #: a RECOMPUTE asked to rebuild it and it did not fail in this very epoch
+        failures = load_failures(self.meta)
+        rebuilt = {i for i in plan.get("recompute") or [] if i in failures
+                   and failures[i].epoch < epoch}
         for rel in self.catalog.all():
             if rel.kind == "state":
                 continue  # computed with its MV
             if self.catalog.is_waiting(rel):
                 continue  # its backfill starts once its upstream MVs are created
+            if rel.id in failures and rel.id not in rebuilt and rel.id not in switching:
+                continue  # failed on its rows: frozen until rebuilt or replaced
             began = time.time()
-            if uses_snapshot_job(rel):
-                rel = self.prepare_snapshot_job(rel)
-                with self.store.reading_for(rel.name):
-                    step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
-                progress.extend(step.progress)
-                appends.tagged.extend(step.versions)
-                extra_rows.update(step.row_counts)
-                if step.created:
-                    created.append(rel.id)
-                out, hint = step.result, step.rows_hint
-                scans: list[ScanResult] = []
-            elif rel.id in swapping:
-                new, switch, other = swapping[rel.id]
-                self.store.add_columns(new.stored)
-                rows = self.store.snapshot(other.stored, epoch - 1, bulk=True)
-                with self.store.reading_for(rel.name):
-                    delta = switch_delta(self.store, rel, new, rows, epoch)
-                rel, hint, scans = new, rel.row_count + other.row_count, []
-                out = DataflowResult(delta, recomputed=True)
-                switches.append(switch)
-                self.catalog.substitute(rel)  # its dependents read it swapped
-                choices[rel.id] = _Choice(RefreshChoice(
-                    FULL, "SWAP WITH: took the other's query (the change is the "
-                    "difference of the two contents)"), hint, hint)
-            elif rel.id in switching:
-                rel, switch, out, hint = self._switch(rel, switching[rel.id], appends, epoch)
-                switches.append(switch)
-                self.catalog.substitute(rel)  # its dependents read it switched
-                scans = []
-                choices[rel.id] = _Choice(RefreshChoice(
-                    FULL, "CREATE OR REPLACE: switched to the new query (the change is "
-                    "the difference of the two contents)"), hint, hint)
-            else:
-                with self.store.reading_for(rel.name):
-                    out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
-                                                      created, choices)
-            if scans:
-                chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
-                for leaf, scan in enumerate(scans):
-                    cached.extend(scan.cached)
-                    progress.extend(scan.progress_rows if scan.progress_rows is not None else
-                                    [state_to_row(rel.id, scan.state, scan.pinned_epoch, leaf)])
-                if all(isinstance(scan.state, Done) for scan in scans):
-                    created.append(rel.id)
-            if out is not None and out.rows_hint is not None:
-                hint = min(hint, out.rows_hint)
-            if out is not None and out.delta is not None:
-                if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
-                        and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now):
-                    appends.defer(rel, out.delta)
+            try:  # an error of the rows fails this relation only (``failures``)
+                if uses_snapshot_job(rel):
+                    rel = self.prepare_snapshot_job(rel)
+                    with self.store.reading_for(rel.name):
+                        step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
+                    progress.extend(step.progress)
+                    appends.tagged.extend(step.versions)
+                    extra_rows.update(step.row_counts)
+                    if step.created:
+                        created.append(rel.id)
+                    out, hint = step.result, step.rows_hint
+                    scans: list[ScanResult] = []
+                elif rel.id in swapping:
+                    new, switch, other = swapping[rel.id]
+                    self.store.add_columns(new.stored)
+                    rows = self.store.snapshot(other.stored, epoch - 1, bulk=True)
+                    with self.store.reading_for(rel.name):
+                        delta = switch_delta(self.store, rel, new, rows, epoch)
+                    rel, hint, scans = new, rel.row_count + other.row_count, []
+                    out = DataflowResult(delta, recomputed=True)
+                    switches.append(switch)
+                    self.catalog.substitute(rel)  # its dependents read it swapped
+                    choices[rel.id] = _Choice(RefreshChoice(
+                        FULL, "SWAP WITH: took the other's query (the change is the "
+                        "difference of the two contents)"), hint, hint)
+                elif rel.id in switching:
+                    rel, switch, out, hint = self._switch(rel, switching[rel.id], appends, epoch)
+                    switches.append(switch)
+                    self.catalog.substitute(rel)  # its dependents read it switched
+                    scans = []
+                    choices[rel.id] = _Choice(RefreshChoice(
+                        FULL, "CREATE OR REPLACE: switched to the new query (the change is "
+                        "the difference of the two contents)"), hint, hint)
                 else:
                     with self.store.reading_for(rel.name):
-                        appends.append(rel, out.delta, hint, out.tag, out.placed)
+                        out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
+                                                          created, choices)
+                if scans:
+                    chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
+                    for leaf, scan in enumerate(scans):
+                        cached.extend(scan.cached)
+                        progress.extend(scan.progress_rows if scan.progress_rows is not None else
+                                        [state_to_row(rel.id, scan.state, scan.pinned_epoch, leaf)])
+                    if all(isinstance(scan.state, Done) for scan in scans):
+                        created.append(rel.id)
+                if out is not None and out.rows_hint is not None:
+                    hint = min(hint, out.rows_hint)
+                if out is not None and out.delta is not None:
+                    if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
+                            and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now):
+                        appends.defer(rel, out.delta)
+                    else:
+                        with self.store.reading_for(rel.name):
+                            appends.append(rel, out.delta, hint, out.tag, out.placed)
+            except Exception as exc:
+                if (rel.kind == "mv" and is_row_error(exc)
+                        and not isinstance(exc, RelationFailed)):  # a table's Δ never
+                    raise RelationFailed(rel, exc) from exc
+                raise
             if scans:
                 own_seconds[rel.id] = time.time() - began
             if scans or uses_snapshot_job(rel):
@@ -608,12 +664,18 @@ class EpochCoordinator:
                 self.refresh.record(rel.id, took.choice.mode, took.changed_rows, took.leaf_rows,
                                     time.time() - began)
         # the small Δs of created MVs nothing reads this epoch: one Spark job for all
-        appends.flush()
+        try:
+            appends.flush()
+        except Exception as exc:
+            if is_row_error(exc):  # whose? the epoch runs again writing each Δ alone
+                raise RelationFailed(None, exc) from exc
+            raise
         counts = appends.counts
         self._inserted = {rid: c.get("+", 0) for rid, c in counts.items()}
 
-        # phase 3: commit the epoch
+        # phase 3: commit the epoch (and forget the failures it rebuilt or replaced)
         finished = time.time()
+        cleared = rebuilt | set(switching) | {r.id for sw in switches for r in sw.dropped}
         spark_jobs = self.store.spark_jobs - jobs_before
         after = self._after if self._after is not None and self._after.epoch == epoch - 1 \
             else None
@@ -632,6 +694,9 @@ class EpochCoordinator:
             changes=sum(c.get("+", 0) + c.get("-", 0) + c.get("U+", 0)
                         for c in counts.values()),
             spark_jobs=spark_jobs, after_previous=after,
+            settings=({FAILED_KEY: failures_json(
+                {i: f for i, f in failures.items() if i not in cleared
+                 and self.catalog.find_by_id(i) is not None})} if failures else {}),
         ))
 
         # phase 4: release the epoch's backfill chunks; housekeeping. The epoch is
@@ -640,6 +705,15 @@ class EpochCoordinator:
         warnings: list[str] = []
         self.catalog.reload()
         self.last_rows_read = dict(self.store.rows_read)
+        for rel_id, failure in failures.items():
+            failed = self.catalog.find_by_id(rel_id)
+            if failure.epoch == epoch and failed is not None:
+                warnings.append(failure_message(self.catalog, self.catalog.user_mv(failed),
+                                                failed, failure))
+        for rel_id in sorted(rebuilt):
+            if (fixed := self.catalog.find_by_id(rel_id)) is not None and not fixed.internal:
+                warnings.append(f"materialized view {fixed.name!r}, failed at epoch "
+                                f"{failures[rel_id].epoch}, is rebuilt and readable again")
 
         def after_commit(what: str, work: Any) -> None:
             try:
@@ -988,9 +1062,12 @@ class EpochCoordinator:
         """The job of the user's MV ``mv``: its creation, or a replacement being
         built for it (``CREATE OR REPLACE``; until the switch), under its name."""
         rep = self.catalog.replacement_of(mv)
-        if rep is None:
-            return self.job_progress(mv)
-        return replace(self.job_progress(rep), name=mv.name)
+        job = self.job_progress(mv) if rep is None else \
+            replace(self.job_progress(rep), name=mv.name)
+        failed = failed_upstream(self.catalog, mv, load_failures(self.meta))
+        if failed is not None:
+            job = replace(job, failed=failure_message(self.catalog, mv, *failed))
+        return job
 
     def jobs(self) -> list[JobProgress]:
         return [self.user_job(r) for r in self.catalog.all()
@@ -1010,6 +1087,8 @@ def retry_plan(failed: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
     plan = {**fresh, "dml_upto": failed["dml_upto"]}
     if failed.get("proctime_us") is not None:
         plan["proctime_us"] = failed["proctime_us"]
+    if failed.get("no_defer"):  # a deferred Δ failed on its rows: each is written alone
+        plan["no_defer"] = True
     for key in ("limits", "parallelism"):
         plan[key] = {**fresh.get(key, {}), **failed.get(key, {})}
     return plan

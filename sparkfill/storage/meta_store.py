@@ -253,6 +253,8 @@ class EpochCommit:
     spark_jobs: int | None = None
     #: the previous epoch's work after its commit, recorded in its row
     after_previous: AfterCommit | None = None
+    #: key-value settings the epoch writes with its commit (the failed relations)
+    settings: dict[str, str] = field(default_factory=dict)
 
 
 class MetaStore:
@@ -595,6 +597,8 @@ class MetaStore:
                              (after.seconds, json.dumps(list(after.warnings))
                               if after.warnings else None, after.epoch))
             self.put(conn, "committed_epoch", str(c.epoch))
+            for key, value in c.settings.items():
+                self.put(conn, key, value)
             if c.proctime_us is not None:
                 self.put(conn, "proctime_us", str(c.proctime_us))
 

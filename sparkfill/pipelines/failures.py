@@ -1,0 +1,151 @@
+"""Relations whose query failed on the rows of an epoch, kept apart so that the
+epoch commits everything else.
+
+An MV's query can fail on certain rows only (``WHERE s > 1.5`` over a string
+column that comes to hold ``'k7'``: Spark's own query over that snapshot raises
+too). Such an error is not the engine's and no retry of the epoch can pass it; it
+must not hold back the tables and the other MVs either. So the relation whose Δ
+raised it *fails*: from that epoch on it takes no Δ (its rows and state stay
+those of the epoch before), and every relation downstream of it goes on taking
+its other inputs' changes (it stays consistent with the failed one's frozen rows,
+and takes the failed one's difference once that is rebuilt). A read of a failed
+MV, or of an MV that reads one (its links included), at or after the epoch of
+the failure is refused naming the error; ``ALTER MATERIALIZED VIEW ...
+RECOMPUTE`` rebuilds the MV from its upstreams once the rows are fixed, and DROP
+removes it.
+
+Invariants: the failed set lives in the meta store (``FAILED_KEY``) and changes
+only in a meta transaction: a relation is marked before its epoch runs again
+without it, and a mark is cleared by the commit of the epoch whose recompute
+rebuilt the relation (or by its DROP). An error counts as a failure of the rows
+only when Spark names it an error of evaluating an expression over values
+(``ROW_ERRORS``); any other error fails the epoch as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..storage.catalog import Catalog, Relation
+
+__all__ = ["FAILED_KEY", "ROW_ERRORS", "Failure", "RelationFailed", "is_row_error",
+           "load_failures", "failures_json", "failed_upstream", "failure_message",
+           "error_line", "owner_name"]
+
+#: the meta store key of the failed relations: JSON ``{id: {"epoch", "error"}}``
+FAILED_KEY = "failed_relations"
+
+#: Spark's error conditions of evaluating an expression over a value (ANSI mode):
+#: they depend on the rows, and Spark's own query over the same rows raises them
+ROW_ERRORS = (
+    "CAST_INVALID_INPUT", "CAST_OVERFLOW", "ARITHMETIC_OVERFLOW", "DIVIDE_BY_ZERO",
+    "NUMERIC_VALUE_OUT_OF_RANGE", "INVALID_ARRAY_INDEX", "INVALID_INDEX_OF_ZERO",
+    "DATETIME_FIELD_OUT_OF_BOUNDS", "DATETIME_OVERFLOW", "INVALID_FRACTION_OF_SECOND",
+    "INVALID_PARAMETER_VALUE", "USER_RAISED_EXCEPTION", "SCALAR_SUBQUERY_TOO_MANY_ROWS",
+    "CANNOT_PARSE_TIMESTAMP", "INVALID_URL", "INVALID_UTF8_STRING", "BINARY_ARITHMETIC_OVERFLOW",
+    "INTERVAL_ARITHMETIC_OVERFLOW", "INTERVAL_DIVIDED_BY_ZERO", "NULL_MAP_KEY",
+    "DUPLICATED_MAP_KEY", "EXCEED_LIMIT_LENGTH", "CONVERSION_INVALID_INPUT",
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A relation's failure: the epoch whose Δ raised, and Spark's error (one line)."""
+
+    epoch: int
+    error: str
+
+
+class RelationFailed(Exception):
+    """Raised inside an epoch's run: ``rel``'s Δ raised an error of its rows (``rel``
+    None: one of the Δs written together at the epoch's end did, unattributed)."""
+
+    def __init__(self, rel: Relation | None, cause: BaseException) -> None:
+        super().__init__(f"{rel.name if rel else 'a deferred Δ'}: {cause}")
+        self.rel = rel
+        self.cause = cause
+
+
+def is_row_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark's error of evaluating the query over certain values."""
+    condition = ""
+    get = getattr(exc, "getCondition", None)
+    if callable(get):
+        try:
+            condition = get() or ""
+        except Exception:  # noqa: BLE001 - the text below decides then
+            condition = ""
+    text = f"{condition} {exc}"
+    return any(c in text for c in ROW_ERRORS)
+
+
+def error_line(exc: BaseException) -> str:
+    """Spark's error as one line a user reads (no JVM stack, no internal names)."""
+    import re
+
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if any(c in line for c in ROW_ERRORS):
+            text = line
+            break
+    else:
+        text = text.splitlines()[0] if text else type(exc).__name__
+    text = re.sub(r"`?__sf_\w+`?\.", "", text)
+    return re.sub(r"`?__sf_\w+`?", "<internal>", " ".join(text.split()))[:500]
+
+
+def load_failures(meta: Any) -> dict[int, Failure]:
+    """The failed relations, by id."""
+    raw = json.loads(meta.get(FAILED_KEY) or "{}")
+    return {int(k): Failure(int(v["epoch"]), str(v["error"])) for k, v in raw.items()}
+
+
+def failures_json(failures: dict[int, Failure]) -> str:
+    return json.dumps({str(k): {"epoch": f.epoch, "error": f.error}
+                       for k, f in sorted(failures.items())})
+
+
+def failed_upstream(catalog: Catalog, rel: Relation, failures: dict[int, Failure]
+                    ) -> tuple[Relation, Failure] | None:
+    """``rel`` itself if it failed, else the first relation upstream of it (its links
+    and upstream MVs, transitively) that did, with its failure; None if none did."""
+    if not failures:
+        return None
+    seen: set[int] = set()
+    todo: list[Relation] = [rel]
+    while todo:
+        r = todo.pop()
+        if r.id in seen:
+            continue
+        seen.add(r.id)
+        if r.id in failures:
+            return r, failures[r.id]
+        todo.extend(_upstreams(catalog, r))
+    return None
+
+
+def _upstreams(catalog: Catalog, rel: Relation) -> Iterable[Relation]:
+    for name in rel.upstreams:
+        up = catalog.find(name)
+        if up is not None:
+            yield up
+
+
+def owner_name(catalog: Catalog, rel: Relation) -> str:
+    """The user's MV a relation belongs to (itself, or the MV of an internal link)."""
+    return catalog.user_mv(rel).name
+
+
+def failure_message(catalog: Catalog, rel: Relation, failed: Relation, failure: Failure
+                    ) -> str:
+    """Why ``rel`` cannot be read from ``failure.epoch`` on, and what repairs it."""
+    who = owner_name(catalog, failed)
+    lead = (f"materialized view {rel.name!r} failed" if who == rel.name else
+            f"materialized view {rel.name!r} reads {who!r}, which failed")
+    return (f"{lead} at epoch {failure.epoch}: its query raised on the rows of that epoch "
+            f"(Spark's own query over them raises too): {failure.error}. Its rows stay "
+            f"those of epoch {failure.epoch - 1}; fix the rows (or the query) and run "
+            f"ALTER MATERIALIZED VIEW {who} RECOMPUTE, or DROP it")

@@ -1,0 +1,118 @@
+"""An MV whose query fails on certain rows (``sparkfill.pipelines.failures``): the
+epoch that brings such a row commits every other relation; the MV (and what reads
+it) is refused to readers, naming the error, until the rows are fixed and
+``ALTER ... RECOMPUTE`` rebuilds it — then it equals Spark's query again."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_same_rows
+
+from sparkfill import MaterializedViewNotReady
+
+
+def _oracle(engine, spark, name: str, sql: str, tables: list[str], epoch: int) -> None:
+    for t in tables:
+        engine.read(t, as_of=epoch).createOrReplaceTempView(t)
+    assert_same_rows(engine.read(name, as_of=epoch), spark.sql(sql), label=f"{name}@{epoch}")
+
+
+def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spark):
+    engine.sql("CREATE TABLE t (id BIGINT, s STRING, v INT, PRIMARY KEY (id))")
+    engine.insert("t", [{"id": i, "s": str(i * 2), "v": i} for i in range(8)])
+    engine.step()
+    bad_sql = "SELECT id, s FROM t WHERE s > 1.5"
+    agg_sql = "SELECT count(*) AS n, sum(v) AS sv FROM t"
+    engine.sql(f"CREATE MATERIALIZED VIEW picky AS {bad_sql}")
+    engine.sql(f"CREATE MATERIALIZED VIEW total AS {agg_sql}")
+    for _ in range(4):
+        engine.step()
+    assert engine.progress("picky").state == "created"
+    # an MV over the failing one
+    engine.sql("CREATE MATERIALIZED VIEW over_picky AS SELECT count(*) AS n FROM picky")
+    for _ in range(4):
+        engine.step()
+    assert engine.progress("over_picky").state == "created"
+    before = engine.meta.committed_epoch
+    engine.insert("t", [{"id": 100, "s": "k7", "v": 5}])  # 'k7' > 1.5 raises in Spark
+    report = engine.step()
+    assert report.epoch == before + 1
+    assert any("'picky' failed" in w and "CAST_INVALID_INPUT" in w for w in report.warnings), \
+        report.warnings
+    # the table and the other MV committed the epoch
+    _oracle(engine, spark, "total", agg_sql, ["t"], report.epoch)
+    assert engine.read("t").where("id = 100").count() == 1
+    # the failed MV, and the MV over it, are refused from that epoch on, naming why
+    for name in ("picky", "over_picky"):
+        with pytest.raises(MaterializedViewNotReady, match="CAST_INVALID_INPUT"):
+            engine.read(name)
+        assert engine.read(name, as_of=before).count() >= 1  # before it: readable
+    assert engine.progress("picky").failed is not None
+    shown = {r.name: r.state for r in engine.sql("SHOW MATERIALIZED VIEWS").collect()}
+    assert shown == {"picky": "failed", "over_picky": "failed", "total": "created"}
+    # later epochs go on; the MV stays failed while the row is there
+    engine.insert("t", [{"id": 101, "s": "9", "v": 1}])
+    report = engine.step()
+    _oracle(engine, spark, "total", agg_sql, ["t"], report.epoch)
+    with pytest.raises(MaterializedViewNotReady):
+        engine.read("picky")
+    # a RECOMPUTE while the row is still there fails again: still refused
+    engine.sql("ALTER MATERIALIZED VIEW picky RECOMPUTE")
+    report = engine.step()
+    assert any("'picky' failed" in w for w in report.warnings), report.warnings
+    with pytest.raises(MaterializedViewNotReady, match=f"epoch {report.epoch}"):
+        engine.read("picky")
+    # the row fixed, RECOMPUTE rebuilds it; the MV over it takes its difference
+    engine.delete("t", [{"id": 100}])
+    engine.sql("ALTER MATERIALIZED VIEW picky RECOMPUTE")
+    report = engine.step()
+    assert any("readable again" in w for w in report.warnings), report.warnings
+    _oracle(engine, spark, "picky", bad_sql, ["t"], report.epoch)
+    _oracle(engine, spark, "over_picky", "SELECT count(*) AS n FROM picky", ["picky"],
+            report.epoch)
+    assert engine.progress("picky").failed is None
+    engine.insert("t", [{"id": 102, "s": "11", "v": 2}])
+    report = engine.step()
+    assert not report.warnings, report.warnings
+    _oracle(engine, spark, "picky", bad_sql, ["t"], report.epoch)
+    _oracle(engine, spark, "total", agg_sql, ["t"], report.epoch)
+
+
+def test_a_failed_link_fails_its_mv_and_drop_clears_it(engine, spark):
+    """A failure inside an MV's internal link (an aggregate under a join): the MV
+    names itself as failed; CREATE OR REPLACE with a query that does not fail
+    replaces it (the failure forgotten), and DROP leaves no mark."""
+    engine.sql("CREATE TABLE a (id BIGINT, g STRING, PRIMARY KEY (id))")
+    engine.sql("CREATE TABLE b (g STRING, w INT, PRIMARY KEY (g))")
+    engine.insert("a", [{"id": i, "g": str(i % 3)} for i in range(9)])
+    engine.insert("b", [{"g": str(i), "w": i} for i in range(3)])
+    engine.step()
+    engine.sql("CREATE MATERIALIZED VIEW j AS SELECT x.g, x.n, b.w FROM "
+               "(SELECT g, count(*) AS n FROM a WHERE cast(g AS INT) >= 0 GROUP BY g) x "
+               "JOIN b ON x.g = b.g")
+    for _ in range(6):
+        engine.step()
+    assert engine.progress("j").state == "created"
+    engine.insert("a", [{"id": 50, "g": "oops"}])
+    report = engine.step()
+    assert any("'j' failed" in w for w in report.warnings), report.warnings
+    with pytest.raises(MaterializedViewNotReady, match="ALTER MATERIALIZED VIEW j RECOMPUTE"):
+        engine.read("j")
+    # a query that does not fail replaces it; the switch forgets the failure
+    fixed = ("SELECT x.g, x.n, b.w FROM (SELECT g, count(*) AS n FROM a "
+             "WHERE try_cast(g AS INT) >= 0 GROUP BY g) x JOIN b ON x.g = b.g")
+    engine.sql(f"CREATE OR REPLACE MATERIALIZED VIEW j AS {fixed}")
+    for _ in range(10):
+        report = engine.step()
+        if engine.progress("j").failed is None:
+            break
+    assert engine.progress("j").failed is None
+    _oracle(engine, spark, "j", fixed, ["a", "b"], report.epoch)
+    engine.insert("a", [{"id": 52, "g": "oops"}, {"id": 53, "g": "2"}])
+    report = engine.step()
+    _oracle(engine, spark, "j", fixed, ["a", "b"], report.epoch)
+    engine.sql("DROP MATERIALIZED VIEW j")
+    engine.insert("a", [{"id": 51, "g": "1"}])
+    report = engine.step()
+    assert not report.warnings, report.warnings
+    assert engine.meta.get("failed_relations") in (None, "{}")
