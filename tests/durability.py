@@ -260,7 +260,7 @@ def run(args: argparse.Namespace, log=print) -> int:
             f"{len(harness.before)} boundaries, in {time.time() - started:.0f} s")
         sites = choose_sites(reached, args.sites, args.seed,
                              args.points.split(",") if args.points else None,
-                             harness if args.latest else None)
+                             harness if args.latest else None)[args.skip:]
         rng = random.Random(args.seed)
         outcomes: list[Outcome] = []
         for i, (point, k) in enumerate(sites):
@@ -331,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finish", type=int, default=2,
                     help="the checking child runs this many steps past the crashed one, "
                          "then settles and checks (0: to the workload's end)")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="leave out the first n sites of the order (run by an earlier "
+                         "run over the same reference)")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds after which no new site starts (0: none)")
     args = ap.parse_args(argv)
