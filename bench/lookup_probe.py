@@ -1,20 +1,26 @@
 """A probe for issue 33's goal 2 (a keyed lookup that reads what the keys need, not the
 table): C random keys looked up in a table of N rows laid out as the engine lays out a
-table (files by vnode, 256 vnodes), two ways in one process, alternating:
+table (files by vnode, 256 vnodes, each sorted by ``_vk`` = vnode * 2^40 + key), four
+ways in one process, alternating:
 
 - ``spark``: Spark's Parquet scan of every file with ``id IN (keys)`` (as the engine's
   table lookup reads today: 1,000 random keys touch every vnode, so every file);
 - ``row groups``: each file's rows sorted by key in row groups of R rows; a Spark job of
   ``mapInArrow`` tasks, one work row per file (its path and the keys of its vnodes, from
   the driver), each task reading with pyarrow only the row groups whose key range holds
-  one of its keys (the footer's statistics) and keeping the rows of its keys.
+  one of its keys (the footer's statistics) and keeping the rows of its keys;
+- ``spark or``: Spark's scan with the IN pushed to Parquet as an OR of equalities
+  (``spark.sql.parquet.pushdown.inFilterThreshold`` raised) instead of one ``in``;
+- ``spark vk or``: the same over ``_vk``, whose ranges do not overlap across files: each
+  equality keeps the one row group (and, with ``--page-rows``, the pages) that can hold
+  it. Integer keys only.
 
 Prints each attempt's seconds and rows read (Spark's input metric for the scan; the
 decoded row groups' rows for the other), the medians of the warm attempts and their
 ratio. A probe, not the engine: bench/RESULTS.md says what it found.
 
-    python bench/lookup_probe.py [--rows 4000000] [--row-group-rows 1000] [--keys 1000]
-        [--repeat 4] [--dir /tmp/lookup_probe]
+    python bench/lookup_probe.py [--rows 4000000] [--row-group-rows 1000] [--page-rows 0]
+        [--keys 1000] [--repeat 4] [--dir /tmp/lookup_probe]
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def read_keys(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for path, keys in zip(b.column("path").to_pylist(), b.column("keys").to_pylist(),
                               strict=True):
             keys = sorted(keys)
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path)  # sorted by _vk: by id within the file's one vnode
             groups = groups_holding(pf.metadata, keys)
             if groups:
                 t = pf.read_row_groups(groups)
@@ -74,21 +80,28 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--dir", default="/tmp/lookup_probe")
+    ap.add_argument("--page-rows", type=int, default=0,
+                    help="rows per Parquet page (0: Parquet's default)")
     args = ap.parse_args()
     spark = build_spark_session(master="local[2]", shuffle_partitions=4,
                                 extra_conf={"spark.ui.enabled": "true"})
     n = args.rows
-    base = os.path.join(args.dir, f"t_{n}_{args.row_group_rows}")
+    base = os.path.join(args.dir, f"t_{n}_{args.row_group_rows}_{args.page_rows}_vk")
     if not os.path.exists(base):
         df = (spark.range(n).withColumn("g", F.col("id") % 1000)
               .withColumn("k", (F.col("id") * 7) % 10000)
               .withColumn("v", (F.col("id") * 13) % 1000)
               .withColumn("s", F.concat(F.lit("s"), (F.col("id") % 97).cast("string")))
-              .withColumn("_vnode", F.pmod(F.hash("id"), F.lit(256))))
+              .withColumn("_vnode", F.pmod(F.hash("id"), F.lit(256)))
+              .withColumn("_vk", F.col("_vnode") * F.lit(1 << 40) + F.col("id")))
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
         t0 = time.time()
-        (df.repartition(256, "_vnode").sortWithinPartitions("id").write.mode("overwrite")
-         .option("parquet.block.row.count.limit", str(args.row_group_rows)).parquet(base))
+        writer = (df.repartition(256, "_vnode").sortWithinPartitions("_vk").write
+                  .mode("overwrite")
+                  .option("parquet.block.row.count.limit", str(args.row_group_rows)))
+        if args.page_rows:
+            writer = writer.option("parquet.page.row.count.limit", str(args.page_rows))
+        writer.parquet(base)
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "true")
         print(f"wrote {n:,} rows in {time.time() - t0:.1f} s", flush=True)
     # the catalog's knowledge: which files hold which vnodes
@@ -104,7 +117,8 @@ def main() -> None:
         return sum(s["inputRecords"] for s in json.load(urllib.request.urlopen(url)))
 
     rng = random.Random(2)
-    seconds: dict[str, list[float]] = {"spark": [], "row groups": []}
+    seconds: dict[str, list[float]] = {"spark": [], "row groups": [], "spark or": [],
+                                       "spark vk or": [], "spark pair or": []}
     for attempt in range(args.repeat):
         keys = rng.sample(range(n), args.keys)
         vnodes = spark.createDataFrame([(k,) for k in keys], "id long").select(
@@ -120,8 +134,19 @@ def main() -> None:
         for mode in seconds:
             r0 = input_rows()
             t0 = time.time()
-            if mode == "spark":
+            if mode in ("spark", "spark or"):
+                # "spark or": the IN pushed to Parquet as an OR of equalities (each
+                # prunes row groups and pages by itself), not as one ``in``
+                spark.conf.set("spark.sql.parquet.pushdown.inFilterThreshold",
+                               "100000" if mode == "spark or" else "10")
                 got = spark.read.parquet(base).where(F.col("id").isin(keys)).collect()
+                read = input_rows() - r0
+            elif mode == "spark vk or":
+                # the key placed after its vnode (files sorted by it): each equality
+                # keeps the one row group (page) of its vnode's file that can hold it
+                spark.conf.set("spark.sql.parquet.pushdown.inFilterThreshold", "100000")
+                vks = [v * (1 << 40) + k for k, v in vnodes]
+                got = spark.read.parquet(base).where(F.col("_vk").isin(vks)).collect()
                 read = input_rows() - r0
             else:
                 work = spark.createDataFrame(list(per_file.items()),
@@ -135,9 +160,8 @@ def main() -> None:
             print(f"attempt {attempt} {mode}: {dt:.2f} s, rows read {read:,} "
                   f"({read / n:.1%})", flush=True)
     med = {m: statistics.median(v) for m, v in seconds.items()}
-    print(f"medians of the warm attempts: spark {med['spark']:.2f} s, row groups "
-          f"{med['row groups']:.2f} s; row groups / spark = "
-          f"{med['row groups'] / med['spark']:.2f}")
+    print("medians of the warm attempts: " + ", ".join(
+        f"{m} {v:.2f} s ({v / med['spark']:.2f}x spark)" for m, v in med.items()))
 
 
 if __name__ == "__main__":
