@@ -50,6 +50,15 @@ def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spa
     assert engine.progress("picky").failed is not None
     shown = {r.name: r.state for r in engine.sql("SHOW MATERIALIZED VIEWS").collect()}
     assert shown == {"picky": "failed", "over_picky": "failed", "total": "created"}
+    # ``sparkfill status`` and the watch page say so too
+    from sparkfill.ui.facts import watch_facts
+
+    facts = watch_facts(engine.meta, engine.warehouse)
+    states = {r["name"]: r["state"] for r in facts["status"]["relations"]}
+    assert states["picky"] == states["over_picky"] == "failed", states
+    assert states["total"] == "created", states
+    assert sorted(e["text"].split("'")[1] for e in facts["errors"]
+                  if e["kind"] == "mv") == ["over_picky", "picky"], facts["errors"]
     # later epochs go on; the MV stays failed while the row is there
     engine.insert("t", [{"id": 101, "s": "9", "v": 1}])
     report = engine.step()

@@ -148,6 +148,7 @@ def job_facts(catalog: Catalog, progress: dict[int, list[ProgressRow]],
 def _read(meta: MetaStore, epochs: int) -> dict[str, Any]:
     """Everything the facts are built from, read in one read transaction."""
     from ..pipelines.coordinator import queued_jobs
+    from ..pipelines.failures import load_failures
     from ..storage.catalog import Catalog
 
     with meta.snapshot():
@@ -160,7 +161,8 @@ def _read(meta: MetaStore, epochs: int) -> dict[str, Any]:
                 "queued": queued_jobs(meta, catalog, progress),
                 "sources": meta.sources(), "sinks": meta.sinks(),
                 "verified": json.loads(meta.get("verify_last") or "{}"),
-                "versions": meta.last_versions(), "pending": meta.pending_epoch()}
+                "versions": meta.last_versions(), "pending": meta.pending_epoch(),
+                "failures": load_failures(meta)}
 
 
 def status_facts(meta: Any, warehouse: Warehouse | Any,
@@ -170,6 +172,8 @@ def status_facts(meta: Any, warehouse: Warehouse | Any,
     backfilled rows and vnodes done); each creating job (``job_facts``); each
     source (connector, last epoch, batches, position, rows, dead letters); each sink
     (its MV, connector, path, epoch written); the last sampled VERIFY of each MV."""
+    from ..pipelines.failures import failed_upstream, failure_message
+
     read = _read_facts if _read_facts is not None else _read(meta, RATE_EPOCHS + 8)
     catalog: Catalog = read["catalog"]
     progress: dict[int, list[ProgressRow]] = read["progress"]
@@ -192,10 +196,16 @@ def status_facts(meta: Any, warehouse: Warehouse | Any,
                     vnodes = 0
             else:
                 vnodes = 256
+        failed = (failed_upstream(catalog, rel, read.get("failures") or {})
+                  if rel.kind == "mv" else None)
+        if failed is not None:
+            state = "failed"
         relations.append({"name": rel.name, "kind": rel.kind,
                           "strategy": rel.options.strategy if rel.options else None,
                           "state": state, "rows": rel.row_count, "backfilled_rows": backfilled,
-                          "vnodes_done": vnodes})
+                          "vnodes_done": vnodes,
+                          **({"failed": failure_message(catalog, rel, *failed)}
+                             if failed is not None else {})})
     sources = [{"name": names.get(src.rel_id, str(src.rel_id)), "connector": src.connector,
                 "last_epoch": src.epoch, "batches": src.batch, "position": src.position,
                 "rows": src.total_rows,
@@ -403,7 +413,9 @@ def _notices(status: dict[str, Any], jobs: Sequence[dict[str, Any]],
             warnings.append({"epoch": src["last_epoch"], "kind": "source",
                              "text": f"source {src['name']}: {src['dead_letters']:,} "
                                      f"malformed records in {src['name']}__dead_letter"})
-    errors: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = [
+        {"epoch": committed, "kind": "mv", "text": r["failed"]}
+        for r in status["relations"] if "failed" in r and not r["name"].startswith("__sf_")]
     if pending is not None:
         epoch, plan = pending
         planned = plan.get("proctime_us")
