@@ -11,6 +11,14 @@ from helpers import assert_same_rows
 from sparkfill import MaterializedViewNotReady
 
 
+def _step_until_created(engine, *names: str, limit: int = 8) -> None:
+    for _ in range(limit):
+        if all(engine.progress(n).state == "created" for n in names):
+            return
+        engine.step()
+    raise AssertionError(f"{names} not created after {limit} epochs")
+
+
 def _oracle(engine, spark, name: str, sql: str, tables: list[str], epoch: int) -> None:
     for t in tables:
         engine.read(t, as_of=epoch).createOrReplaceTempView(t)
@@ -25,14 +33,10 @@ def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spa
     agg_sql = "SELECT count(*) AS n, sum(v) AS sv FROM t"
     engine.sql(f"CREATE MATERIALIZED VIEW picky AS {bad_sql}")
     engine.sql(f"CREATE MATERIALIZED VIEW total AS {agg_sql}")
-    for _ in range(4):
-        engine.step()
-    assert engine.progress("picky").state == "created"
+    _step_until_created(engine, "picky", "total")
     # an MV over the failing one
     engine.sql("CREATE MATERIALIZED VIEW over_picky AS SELECT count(*) AS n FROM picky")
-    for _ in range(4):
-        engine.step()
-    assert engine.progress("over_picky").state == "created"
+    _step_until_created(engine, "over_picky")
     before = engine.meta.committed_epoch
     engine.insert("t", [{"id": 100, "s": "k7", "v": 5}])  # 'k7' > 1.5 raises in Spark
     report = engine.step()
@@ -99,9 +103,7 @@ def test_a_failed_link_fails_its_mv_and_drop_clears_it(engine, spark):
     engine.sql("CREATE MATERIALIZED VIEW j AS SELECT x.g, x.n, b.w FROM "
                "(SELECT g, count(*) AS n FROM a WHERE cast(g AS INT) >= 0 GROUP BY g) x "
                "JOIN b ON x.g = b.g")
-    for _ in range(6):
-        engine.step()
-    assert engine.progress("j").state == "created"
+    _step_until_created(engine, "j")
     engine.insert("a", [{"id": 50, "g": "oops"}])
     report = engine.step()
     assert any("'j' failed" in w for w in report.warnings), report.warnings
