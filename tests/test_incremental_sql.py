@@ -139,6 +139,18 @@ GRAMMAR_SHAPES = {
     # aggregated branches, one-row aggregates cross joined, a LIMIT over one row, and
     # an ORDER BY expression the SELECT list does not hold
     **NEW_SHAPES,
+    # decimal arithmetic at Spark's precision limits (TPC-DS q66's class): running sums
+    # of decimal(38, s > 6) — a ratio's type — kept at Spark's scale, and an aggregate
+    # over a UNION ALL of grouped decimal sums divided by an integer
+    "decimal_sums": ("SELECT g, sum(CAST(v AS DECIMAL(7,2)) * 3) AS s3, "
+                     "sum(CAST(v AS DECIMAL(28,2)) / (g + 977)) AS per, "
+                     "sum(CAST(v AS DECIMAL(7,2)) / 7) AS s7, count(*) AS c, "
+                     "min(CAST(v AS DECIMAL(38,12)) / 3) AS mn FROM {t} GROUP BY g", ["t"]),
+    "decimal_union": ("SELECT k, sum(sv) AS sv, sum(sv / (k + 97531)) AS per FROM ("
+                      "SELECT g AS k, sum(CASE WHEN v > 100 THEN CAST(v AS DECIMAL(7,2)) * "
+                      "(g + 1) ELSE 0 END) AS sv FROM {t} GROUP BY g UNION ALL "
+                      "SELECT g, sum(CAST(w AS DECIMAL(7,2)) * 3) FROM {d} GROUP BY g) u "
+                      "GROUP BY k", ["t", "d"]),
     "join_having_scalar": ("SELECT y.g, y.name, count(x.id) AS c FROM {d} y JOIN {t} x "
                            "ON y.g = x.g GROUP BY y.g, y.name HAVING count(x.id) >= "
                            "(SELECT count(*) / count(DISTINCT g) FROM {t})", ["t", "d"]),
