@@ -227,9 +227,18 @@ class SinkManager:
     # --- syncing --------------------------------------------------------------------------
 
     def sync(self, catalog: Catalog, epoch: int) -> None:
-        """Bring every sink whose MV is created up to committed ``epoch``."""
+        """Bring every sink whose MV is created up to committed ``epoch`` — or, for an
+        MV that failed on its rows (or reads one that did: ``pipelines.failures``), up
+        to the epoch before the failure: what it would write after it is not the MV's
+        query over the upstreams; once the MV is rebuilt, its difference arrives."""
+        from .pipelines.failures import failed_upstream, load_failures
+
+        failures = load_failures(self.meta)
         for sink in self.meta.sinks():
-            self._sync_one(sink, catalog.get_by_id(sink.rel_id), epoch)
+            rel = catalog.get_by_id(sink.rel_id)
+            failed = failed_upstream(catalog, rel, failures)
+            self._sync_one(sink, rel, epoch if failed is None
+                           else min(epoch, failed[1].epoch - 1))
 
     @staticmethod
     def _schema(rel: Relation) -> pa.Schema:

@@ -25,7 +25,11 @@ def _oracle(engine, spark, name: str, sql: str, tables: list[str], epoch: int) -
     assert_same_rows(engine.read(name, as_of=epoch), spark.sql(sql), label=f"{name}@{epoch}")
 
 
-def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spark):
+def _sink_epoch(engine) -> int | None:
+    return engine.sql("SHOW SINKS").collect()[0].epoch
+
+
+def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spark, tmp_path):
     engine.sql("CREATE TABLE t (id BIGINT, s STRING, v INT, PRIMARY KEY (id))")
     engine.insert("t", [{"id": i, "s": str(i * 2), "v": i} for i in range(8)])
     engine.step()
@@ -37,6 +41,10 @@ def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spa
     # an MV over the failing one
     engine.sql("CREATE MATERIALIZED VIEW over_picky AS SELECT count(*) AS n FROM picky")
     _step_until_created(engine, "over_picky")
+    # a sink of the MV over the failing one
+    engine.sql(f"CREATE SINK out FROM over_picky WITH (connector = 'delta', "
+               f"path = '{tmp_path / 'out'}')")
+    engine.step()
     before = engine.meta.committed_epoch
     engine.insert("t", [{"id": 100, "s": "k7", "v": 5}])  # 'k7' > 1.5 raises in Spark
     report = engine.step()
@@ -52,6 +60,8 @@ def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spa
             engine.read(name)
         assert engine.read(name, as_of=before).count() >= 1  # before it: readable
     assert engine.progress("picky").failed is not None
+    # its sink holds the epoch before the failure: no later epoch it could write is right
+    assert _sink_epoch(engine) == before
     shown = {r.name: r.state for r in engine.sql("SHOW MATERIALIZED VIEWS").collect()}
     assert shown == {"picky": "failed", "over_picky": "failed", "total": "created"}
     # ``sparkfill status`` and the watch page say so too
@@ -84,6 +94,12 @@ def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spa
     _oracle(engine, spark, "over_picky", "SELECT count(*) AS n FROM picky", ["picky"],
             report.epoch)
     assert engine.progress("picky").failed is None
+    # the sink catches up: the MV at the rebuilt epoch
+    assert _sink_epoch(engine) == report.epoch
+    from deltalake import DeltaTable
+
+    sunk = DeltaTable(str(tmp_path / "out")).to_pyarrow_table().to_pylist()
+    assert [r["n"] for r in sunk] == [r.n for r in engine.read("over_picky").collect()]
     engine.insert("t", [{"id": 102, "s": "11", "v": 2}])
     report = engine.step()
     assert not report.warnings, report.warnings
