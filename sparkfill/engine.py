@@ -878,6 +878,9 @@ class Engine:
         if rel.kind != "mv":
             raise SqlError(f"{cmd.name!r} is a table; RECOMPUTE rebuilds a materialized view")
         if rel.state != "created":
+            failed = failed_upstream(self.catalog, rel, load_failures(self.meta))
+            if failed is not None:  # its backfill raised on its rows
+                raise SqlError(failure_message(self.catalog, rel, *failed))
             raise SqlError(f"materialized view {rel.name!r} is still being created: its "
                            "backfill builds it from its upstreams")
         ids = [rel.id, *[link.id for link in self.catalog.internals_of(rel)]]

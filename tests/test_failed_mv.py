@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from helpers import assert_same_rows
 
-from sparkfill import MaterializedViewNotReady
+from sparkfill import MaterializedViewNotReady, SqlError
 
 
 def _step_until_created(engine, *names: str, limit: int = 8) -> None:
@@ -143,3 +143,32 @@ def test_a_failed_link_fails_its_mv_and_drop_clears_it(engine, spark):
     report = engine.step()
     assert not report.warnings, report.warnings
     assert engine.meta.get("failed_relations") in (None, "{}")
+
+
+def test_a_backfill_that_fails_on_a_row_fails_the_creating_mv_alone(engine, spark):
+    """The row is there before CREATE (its probe over no rows passes): the backfill
+    raises, the MV fails while creating, the other MV is created; RECOMPUTE says to
+    drop it; DROP and CREATE again once the row is gone."""
+    engine.sql("CREATE TABLE t (id BIGINT, s STRING, PRIMARY KEY (id))")
+    engine.insert("t", [{"id": i, "s": "k7" if i == 3 else str(i)} for i in range(6)])
+    engine.step()
+    engine.sql("CREATE MATERIALIZED VIEW picky AS SELECT id FROM t WHERE s > 1.5")
+    engine.sql("CREATE MATERIALIZED VIEW fine AS SELECT id, s FROM t")
+    report = None
+    for _ in range(6):
+        report = engine.step()
+        if engine.progress("fine").state == "created":
+            break
+    assert engine.progress("fine").state == "created"
+    assert engine.progress("picky").failed is not None
+    assert "while being created" in engine.progress("picky").failed
+    _oracle(engine, spark, "fine", "SELECT id, s FROM t", ["t"], report.epoch)
+    with pytest.raises(SqlError, match="DROP MATERIALIZED VIEW picky"):
+        engine.sql("ALTER MATERIALIZED VIEW picky RECOMPUTE")
+    engine.sql("DROP MATERIALIZED VIEW picky")
+    engine.delete("t", [{"id": 3}])
+    engine.step()
+    engine.sql("CREATE MATERIALIZED VIEW picky AS SELECT id FROM t WHERE s > 1.5")
+    _step_until_created(engine, "picky")
+    report = engine.step()
+    _oracle(engine, spark, "picky", "SELECT id FROM t WHERE s > 1.5", ["t"], report.epoch)

@@ -33,7 +33,7 @@ from ..storage.catalog import Catalog, Relation
 
 __all__ = ["FAILED_KEY", "ROW_ERRORS", "Failure", "RelationFailed", "is_row_error",
            "load_failures", "failures_json", "failed_upstream", "failure_message",
-           "error_line", "owner_name"]
+           "error_line"]
 
 #: the meta store key of the failed relations: JSON ``{id: {"epoch", "error"}}``
 FAILED_KEY = "failed_relations"
@@ -134,17 +134,18 @@ def _upstreams(catalog: Catalog, rel: Relation) -> Iterable[Relation]:
             yield up
 
 
-def owner_name(catalog: Catalog, rel: Relation) -> str:
-    """The user's MV a relation belongs to (itself, or the MV of an internal link)."""
-    return catalog.user_mv(rel).name
-
-
 def failure_message(catalog: Catalog, rel: Relation, failed: Relation, failure: Failure
                     ) -> str:
     """Why ``rel`` cannot be read from ``failure.epoch`` on, and what repairs it."""
-    who = owner_name(catalog, failed)
+    owner = catalog.user_mv(failed)
+    who = owner.name
     lead = (f"materialized view {rel.name!r} failed" if who == rel.name else
             f"materialized view {rel.name!r} reads {who!r}, which failed")
+    if owner.state != "created":  # its backfill raised: nothing to rebuild from
+        return (f"{lead} while being created, at epoch {failure.epoch}: its query raised "
+                f"on the rows it read (Spark's own query over them raises too): "
+                f"{failure.error}. DROP MATERIALIZED VIEW {who} and create it again once "
+                f"the rows (or the query) are fixed")
     return (f"{lead} at epoch {failure.epoch}: its query raised on the rows of that epoch "
             f"(Spark's own query over them raises too): {failure.error}. Its rows stay "
             f"those of epoch {failure.epoch - 1}; fix the rows (or the query) and run "
