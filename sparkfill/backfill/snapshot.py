@@ -61,6 +61,8 @@ class JobControl:
     rate_limit: int | None
     cancelled: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    #: the exception the job died of (the epoch loop re-raises an error of the rows)
+    failure: BaseException | None = None
 
 
 def chunk_plan(estimates: Sequence[Sequence[float]], chunk_rows: int) -> list[dict[str, int]]:
@@ -180,6 +182,7 @@ class SnapshotJob(threading.Thread):
         except Exception as exc:  # reported through progress; the job restarts on open
             if not self.control.cancelled.is_set():
                 self.control.error = f"{type(exc).__name__}: {exc}"
+                self.control.failure = exc
         finally:
             self.spark.removeTag(self.group)
 

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from ..dataflow.change import Change, Emit
 from ..dataflow.changelog import span_change
 from ..dataflow.mv import DataflowResult, MvDataflow
+from ..errors import is_row_error
 from ..progress import JobProgress
 from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation
@@ -194,6 +195,13 @@ class SnapshotJobs:
     def _phase_1(self, mv: Relation, leaves: list[Relation]) -> SnapshotStep:
         s = mv.created_epoch
         job = self.threads.get(mv.id)
+        control = self.controls.get(mv.id)
+        if (job is not None and not job.is_alive() and control is not None
+                and control.failure is not None and is_row_error(control.failure)):
+            # the query raised on the snapshot's rows: no retry passes that; raised in
+            # the epoch, it fails this MV alone (``pipelines.failures``)
+            failure, control.failure = control.failure, None
+            raise failure
         if job is None or not job.is_alive():
             status = job_status(self.store.warehouse, self.job_dir(mv))
             if status["manifest"] is None:

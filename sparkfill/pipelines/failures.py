@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ROW_ERRORS, is_row_error
 from ..storage.catalog import Catalog, Relation
 
 __all__ = ["FAILED_KEY", "ROW_ERRORS", "Failure", "RelationFailed", "is_row_error",
@@ -37,19 +38,6 @@ __all__ = ["FAILED_KEY", "ROW_ERRORS", "Failure", "RelationFailed", "is_row_erro
 
 #: the meta store key of the failed relations: JSON ``{id: {"epoch", "error"}}``
 FAILED_KEY = "failed_relations"
-
-#: Spark's error conditions of evaluating an expression over a value (ANSI mode):
-#: they depend on the rows, and Spark's own query over the same rows raises them
-ROW_ERRORS = (
-    "CAST_INVALID_INPUT", "CAST_OVERFLOW", "ARITHMETIC_OVERFLOW", "DIVIDE_BY_ZERO",
-    "NUMERIC_VALUE_OUT_OF_RANGE", "INVALID_ARRAY_INDEX", "INVALID_INDEX_OF_ZERO",
-    "DATETIME_FIELD_OUT_OF_BOUNDS", "DATETIME_OVERFLOW", "INVALID_FRACTION_OF_SECOND",
-    "INVALID_PARAMETER_VALUE", "USER_RAISED_EXCEPTION", "SCALAR_SUBQUERY_TOO_MANY_ROWS",
-    "CANNOT_PARSE_TIMESTAMP", "INVALID_URL", "INVALID_UTF8_STRING", "BINARY_ARITHMETIC_OVERFLOW",
-    "INTERVAL_ARITHMETIC_OVERFLOW", "INTERVAL_DIVIDED_BY_ZERO", "NULL_MAP_KEY",
-    "DUPLICATED_MAP_KEY", "EXCEED_LIMIT_LENGTH", "CONVERSION_INVALID_INPUT",
-)
-
 
 @dataclass(frozen=True)
 class Failure:
@@ -67,19 +55,6 @@ class RelationFailed(Exception):
         super().__init__(f"{rel.name if rel else 'a deferred Δ'}: {cause}")
         self.rel = rel
         self.cause = cause
-
-
-def is_row_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is Spark's error of evaluating the query over certain values."""
-    condition = ""
-    get = getattr(exc, "getCondition", None)
-    if callable(get):
-        try:
-            condition = get() or ""
-        except Exception:  # noqa: BLE001 - the text below decides then
-            condition = ""
-    text = f"{condition} {exc}"
-    return any(c in text for c in ROW_ERRORS)
 
 
 def error_line(exc: BaseException) -> str:
