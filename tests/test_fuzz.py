@@ -141,6 +141,11 @@ def test_wrong_argument_types(engine):
     for statement in (None, 1, b"SHOW TABLES", ["SHOW TABLES"], math.pi):
         refused(SqlError, lambda s=statement: eng.sql(s), "string")
         refused(SqlError, lambda s=statement: eng.explain(s), "string")
+    # a statement that is not valid Unicode (a lone surrogate): Spark's parser raised a
+    # raw Py4JError, a sink's path a UnicodeEncodeError
+    for statement in ("SELECT '\ud800' AS x", "INSERT INTO t VALUES (3, 4) -- \udfff",
+                      "CREATE SINK s FROM t WITH (connector = 'delta', path = '/tmp/\ud800')"):
+        refused(SqlError, lambda s=statement: eng.sql(s), "not valid unicode")
     assert warehouse_state(eng.path).diff(state) == []
 
 
@@ -173,6 +178,7 @@ def test_engine_arguments(spark, tmp_path, monkeypatch):
         (SparkfillError, ([1],), {}, "path or a uri"),
         (SparkfillError, ("",), {}, "not a path"),
         (SparkfillError, ("x\x00y",), {}, "not a path"),
+        (SparkfillError, ("\ud800",), {}, "not valid unicode"),  # a lone surrogate
         (SparkfillError, (str(tmp_path / "a_file"),), {}, "cannot create its folder"),
         (SparkfillError, ("wh",), {"spark": "spark"}, "SparkSession"),
         (InvalidOption, ("wh",), {"meta": 5}, "meta"),

@@ -483,6 +483,12 @@ def parse_statement(sql: str) -> Command:
         raise SqlError(f"a statement is a string, not {type(sql).__name__}")
     if not sql.strip():
         raise SqlError("empty statement")
+    try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError as exc:  # Spark and the files take UTF-8 only
+        raise SqlError(f"the statement is not valid Unicode text: {sql[exc.start]!r} at "
+                       f"position {exc.start} (a lone surrogate) in "
+                       f"{sql[max(0, exc.start - 30):exc.start + 30]!r}") from None
     m = _EXPLAIN.match(sql)
     if m:
         inner = _CREATE_MV.match(m.group("rest"))

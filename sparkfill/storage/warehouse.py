@@ -53,6 +53,11 @@ class Warehouse:
         text = str(os.fspath(location))
         if not text.strip() or "\x00" in text:
             raise SparkfillError(f"warehouse {text!r}: not a path or a URI")
+        try:
+            text.encode("utf-8")  # a lone surrogate names no file
+        except UnicodeEncodeError:
+            raise SparkfillError(f"warehouse {text!r}: not a path or a URI (it is not "
+                                 "valid Unicode text)") from None
         if storage_options is not None and not (
                 isinstance(storage_options, dict)
                 and all(isinstance(k, str) and isinstance(v, str)
