@@ -112,6 +112,7 @@ def test_an_mv_failing_on_a_row_stops_alone_and_recompute_repairs_it(engine, spa
     _oracle(engine, spark, "total", agg_sql, ["t"], report.epoch)
 
 
+@pytest.mark.connect  # Spark Connect's errors are classified as a classic session's
 def test_a_failed_link_fails_its_mv_and_drop_clears_it(engine, spark):
     """A failure inside an MV's internal link (an aggregate under a join): the MV
     names itself as failed; CREATE OR REPLACE with a query that does not fail
