@@ -182,3 +182,20 @@ def test_a_backfill_that_fails_on_a_row_fails_the_creating_mv_alone(engine, spar
     _step_until_created(engine, "picky")
     report = engine.step()
     _oracle(engine, spark, "picky", "SELECT id FROM t WHERE s > 1.5", ["t"], report.epoch)
+
+
+def test_a_deferred_delta_that_fails_is_found_and_fails_its_mv_alone(engine, spark):
+    """A created MV nothing reads writes its small Δ with the epoch's others in one job
+    at the end: when that job raises, the epoch runs again writing each Δ alone, to
+    find whose it was."""
+    engine.sql("CREATE TABLE t (id BIGINT, s STRING, PRIMARY KEY (id))")
+    engine.insert("t", [{"id": i, "s": str(i)} for i in range(6)])
+    engine.step()
+    engine.sql("CREATE MATERIALIZED VIEW lone AS SELECT id FROM t WHERE s > 1.5")
+    engine.sql("CREATE MATERIALIZED VIEW other AS SELECT id, s FROM t WHERE id > 2")
+    _step_until_created(engine, "lone", "other")
+    engine.insert("t", [{"id": 9, "s": "k7"}, {"id": 10, "s": "10"}])
+    report = engine.step()
+    assert any("'lone' failed" in w for w in report.warnings), report.warnings
+    assert engine.progress("other").failed is None
+    _oracle(engine, spark, "other", "SELECT id, s FROM t WHERE id > 2", ["t"], report.epoch)

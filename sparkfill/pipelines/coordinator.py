@@ -136,6 +136,8 @@ class EpochAppends:
     deferred: list[tuple[Relation, DataFrame]] = field(default_factory=list)
     #: Δs cached for the epoch (a rewritten state's), released after the commit
     cached: list[DataFrame] = field(default_factory=list)
+    #: write every Δ alone, none deferred (the run that finds whose deferred Δ failed)
+    no_defer: bool = False
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
                tag: int | None = None, placed: bool = False) -> Appended | None:
@@ -181,7 +183,8 @@ class EpochAppends:
         its state's Δs)."""
         def emit(rel: Relation, delta: DataFrame, rows_hint: int, *,
                  deferrable: bool = False, rewritable: bool = False) -> StateDelta | None:
-            if deferrable and may_wait and tag is None and rows_hint <= LOCAL_WRITE_ROWS:
+            if (deferrable and may_wait and tag is None and rows_hint <= LOCAL_WRITE_ROWS
+                    and not self.no_defer):
                 self.defer(rel, delta)
                 return Deferred(delta, may_retract)
             # (a state that holds few rows gains nothing: its Δ is about its new rows,
@@ -556,7 +559,7 @@ class EpochCoordinator:
             by_table[b.rel_id].append(b)
 
         # phase 2: Δ per relation, in topological order, each appended once computed
-        appends = EpochAppends(self.store, epoch)
+        appends = EpochAppends(self.store, epoch, no_defer=bool(plan.get("no_defer")))
         cached: list[DataFrame] = []
         progress: list[ProgressRow] = []
         created: list[int] = []
@@ -645,7 +648,8 @@ class EpochCoordinator:
                     hint = min(hint, out.rows_hint)
                 if out is not None and out.delta is not None:
                     if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
-                            and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now):
+                            and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now
+                            and not appends.no_defer):
                         appends.defer(rel, out.delta)
                     else:
                         with self.store.reading_for(rel.name):
