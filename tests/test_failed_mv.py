@@ -151,7 +151,9 @@ def test_a_failed_link_fails_its_mv_and_drop_clears_it(engine, spark):
     assert engine.meta.get("failed_relations") in (None, "{}")
 
 
-@pytest.mark.parametrize("strategy", ["arrangement", "snapshot"])
+@pytest.mark.parametrize("strategy", [
+    pytest.param("arrangement", marks=pytest.mark.extended),  # the epoch's path: as above
+    "snapshot"])
 def test_a_backfill_that_fails_on_a_row_fails_the_creating_mv_alone(engine, spark, strategy):
     """The row is there before CREATE (its probe over no rows passes): the backfill
     raises — in the epoch, or in the snapshot strategy's job beside the epochs, which
