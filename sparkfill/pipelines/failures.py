@@ -19,12 +19,13 @@ only in a meta transaction: a relation is marked before its epoch runs again
 without it, and a mark is cleared by the commit of the epoch whose recompute
 rebuilt the relation (or by its DROP). An error counts as a failure of the rows
 only when Spark names it an error of evaluating an expression over values
-(``ROW_ERRORS``); any other error fails the epoch as before.
+(``errors.ROW_ERRORS``); any other error fails the epoch as before.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +33,12 @@ from typing import Any
 from ..errors import ROW_ERRORS, is_row_error
 from ..storage.catalog import Catalog, Relation
 
-__all__ = ["FAILED_KEY", "ROW_ERRORS", "Failure", "RelationFailed", "is_row_error",
-           "load_failures", "failures_json", "failed_upstream", "failure_message",
-           "error_line"]
+__all__ = ["FAILED_KEY", "Failure", "RelationFailed", "is_row_error", "load_failures",
+           "failures_json", "failed_upstream", "failure_message", "error_line"]
 
 #: the meta store key of the failed relations: JSON ``{id: {"epoch", "error"}}``
 FAILED_KEY = "failed_relations"
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -59,8 +60,6 @@ class RelationFailed(Exception):
 
 def error_line(exc: BaseException) -> str:
     """Spark's error as one line a user reads (no JVM stack, no internal names)."""
-    import re
-
     text = str(exc).strip()
     for line in text.splitlines():
         if any(c in line for c in ROW_ERRORS):
