@@ -44,6 +44,7 @@ from .errors import (
     UnknownRelation,
     UnsupportedQuery,
     WarehouseReadOnly,
+    without_internal_names,
 )
 from .options import (
     DEFAULT_VERIFY_SAMPLE,
@@ -53,7 +54,7 @@ from .options import (
     sample_fraction,
 )
 from .pipelines.coordinator import EpochCoordinator, uses_snapshot_job
-from .pipelines.failures import failed_upstream, failure_message, load_failures
+from .pipelines.failures import failed_as_of, failed_upstream, failure_message, load_failures
 from .pipelines.replace import check_replacement, check_swap
 from .progress import EpochReport
 from .session import build_spark_session
@@ -122,8 +123,7 @@ def _translate(exc: Exception, where: str) -> SparkfillError:
     if short.startswith("An error occurred while calling") and m is not None:
         short = " ".join(m.group(0).split()).lstrip(": ")[:500]
     # names of internal relations and planning views never reach users
-    short = re.sub(r"`?__sf_\w+`?\.", "", short)
-    short = re.sub(r"`?__sf_\w+`?", "<internal>", short)
+    short = without_internal_names(short)
     if condition.startswith("UNRESOLVED_COLUMN") or "UNRESOLVED_COLUMN" in text:
         m = re.search(r"name `?([^`\s]+)`? cannot be resolved", text)
         name = m.group(1) if m else "?"
@@ -457,8 +457,8 @@ class Engine:
                 raise MaterializedViewNotReady(
                     f"materialized view {rel.name!r} became readable at epoch "
                     f"{rel.ready_epoch}, after epoch {epoch}")
-            failed = failed_upstream(self.catalog, rel, load_failures(self.meta))
-            if failed is not None and epoch >= failed[1].epoch:
+            failed = failed_as_of(self.catalog, rel, load_failures(self.meta), epoch)
+            if failed is not None:
                 raise MaterializedViewNotReady(failure_message(self.catalog, rel, *failed))
         return epoch
 
@@ -490,8 +490,7 @@ class Engine:
             epoch = self.meta.committed_epoch if as_of is None else _epoch_number(as_of)
             if epoch < rel.created_epoch or (rel.ready_epoch or 0) > epoch:
                 continue
-            failed = failed_upstream(self.catalog, rel, failures)
-            if failed is not None and epoch >= failed[1].epoch:
+            if failed_as_of(self.catalog, rel, failures, epoch) is not None:
                 continue  # failed on its rows (``read`` says why)
             self._snapshot(rel, self._epoch_for_read(rel, epoch)) \
                 .createOrReplaceTempView(rel.name)

@@ -32,6 +32,7 @@ __all__ = [
     "DamagedFile",
     "ROW_ERRORS",
     "is_row_error",
+    "without_internal_names",
 ]
 
 
@@ -149,3 +150,9 @@ def is_row_error(exc: BaseException) -> bool:
             condition = ""
     text = f"{condition} {exc}"
     return any(c in text for c in ROW_ERRORS)
+
+
+def without_internal_names(text: str) -> str:
+    """``text`` (an error of Spark) with the names of internal relations and planning
+    views taken out: a qualifier dropped, a name shown as ``<internal>``."""
+    return re.sub(r"`?__sf_\w+`?", "<internal>", re.sub(r"`?__sf_\w+`?\.", "", text))

@@ -1062,19 +1062,23 @@ class EpochCoordinator:
         return JobProgress(mv.name, mv.options.strategy, state, done, total, rate, eta,
                            vnodes_done=vnodes, paused=paused, stalled=stalled)
 
-    def user_job(self, mv: Relation) -> JobProgress:
+    def user_job(self, mv: Relation, failures: dict[int, Failure] | None = None
+                 ) -> JobProgress:
         """The job of the user's MV ``mv``: its creation, or a replacement being
-        built for it (``CREATE OR REPLACE``; until the switch), under its name."""
+        built for it (``CREATE OR REPLACE``; until the switch), under its name;
+        ``failures``: the failed relations, when the caller read them."""
         rep = self.catalog.replacement_of(mv)
         job = self.job_progress(mv) if rep is None else \
             replace(self.job_progress(rep), name=mv.name)
-        failed = failed_upstream(self.catalog, mv, load_failures(self.meta))
+        failed = failed_upstream(self.catalog, mv, load_failures(self.meta)
+                                 if failures is None else failures)
         if failed is not None:
             job = replace(job, failed=failure_message(self.catalog, mv, *failed))
         return job
 
     def jobs(self) -> list[JobProgress]:
-        return [self.user_job(r) for r in self.catalog.all()
+        failures = load_failures(self.meta)  # one read for every MV's job
+        return [self.user_job(r, failures) for r in self.catalog.all()
                 if r.kind == "mv" and not r.internal]
 
 

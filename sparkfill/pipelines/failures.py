@@ -25,16 +25,15 @@ only when Spark names it an error of evaluating an expression over values
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ROW_ERRORS, is_row_error
+from ..errors import ROW_ERRORS, is_row_error, without_internal_names
 from ..storage.catalog import Catalog, Relation
 
 __all__ = ["FAILED_KEY", "Failure", "RelationFailed", "is_row_error", "load_failures",
-           "failures_json", "failed_upstream", "failure_message", "error_line"]
+           "failures_json", "failed_upstream", "failed_as_of", "failure_message",
+           "error_line"]
 
 #: the meta store key of the failed relations: JSON ``{id: {"epoch", "error"}}``
 FAILED_KEY = "failed_relations"
@@ -67,8 +66,7 @@ def error_line(exc: BaseException) -> str:
             break
     else:
         text = text.splitlines()[0] if text else type(exc).__name__
-    text = re.sub(r"`?__sf_\w+`?\.", "", text)
-    return re.sub(r"`?__sf_\w+`?", "<internal>", " ".join(text.split()))[:500]
+    return without_internal_names(" ".join(text.split()))[:500]
 
 
 def load_failures(meta: Any) -> dict[int, Failure]:
@@ -97,15 +95,16 @@ def failed_upstream(catalog: Catalog, rel: Relation, failures: dict[int, Failure
         seen.add(r.id)
         if r.id in failures:
             return r, failures[r.id]
-        todo.extend(_upstreams(catalog, r))
+        todo.extend(catalog.leaves_of(r))
     return None
 
 
-def _upstreams(catalog: Catalog, rel: Relation) -> Iterable[Relation]:
-    for name in rel.upstreams:
-        up = catalog.find(name)
-        if up is not None:
-            yield up
+def failed_as_of(catalog: Catalog, rel: Relation, failures: dict[int, Failure], epoch: int
+                 ) -> tuple[Relation, Failure] | None:
+    """``failed_upstream`` when that failure happened at or before ``epoch`` (the
+    epochs of ``rel`` a read refuses); None otherwise."""
+    failed = failed_upstream(catalog, rel, failures)
+    return failed if failed is not None and epoch >= failed[1].epoch else None
 
 
 def failure_message(catalog: Catalog, rel: Relation, failed: Relation, failure: Failure
