@@ -252,7 +252,7 @@ class Engine:
                 self.meta.fence = self._lock.check
             self.store = RelationStore(self.spark, self.warehouse, self.meta)
             self.catalog = Catalog(self.meta)
-            self.stager = DmlStager(self.spark, self.meta, self.warehouse)
+            self.stager = DmlStager(self.spark, self.meta, self.warehouse, self.store)
             self.sources = SourceManager(self.spark, self.meta, self.warehouse)
             self.sinks = SinkManager(self.spark, self.meta, self.store, self.warehouse)
             self.coordinator = EpochCoordinator(self.spark, self.meta, self.store, self.catalog,

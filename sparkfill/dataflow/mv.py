@@ -54,6 +54,10 @@ class DataflowResult:
     #: ``delta`` is already in the partitions its append writes, for the hint it is
     #: appended with (a first load: ``RelationStore.place_by_vnode_range``)
     placed: bool = False
+    #: ``delta`` is the rows of these directories' files, written already as the
+    #: relation's log files of the epoch (a table's placed first load): linked, not
+    #: written again
+    prepared: tuple[str, ...] = ()
     #: ``delta`` is the difference of a recompute (``recompute.py``): computing it reads
     #: the MV's leaves and relations whole, so its append never waits for the flush
     recomputed: bool = False

@@ -140,11 +140,13 @@ class EpochAppends:
     no_defer: bool = False
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
-               tag: int | None = None, placed: bool = False) -> Appended | None:
+               tag: int | None = None, placed: bool = False,
+               prepared: Sequence[str] = ()) -> Appended | None:
         tag = self.epoch if tag is None else tag
         # a state table's touched keys drive its operator's lookups: on the driver
         written = self.store.append(rel.stored, tag, delta, rows_hint,
-                                    collect_keys=rel.kind == "state", placed=placed)
+                                    collect_keys=rel.kind == "state", placed=placed,
+                                    prepared=prepared)
         if written is None:
             return None
         self.deltas[rel.id] = written.delta
@@ -653,7 +655,8 @@ class EpochCoordinator:
                         appends.defer(rel, out.delta)
                     else:
                         with self.store.reading_for(rel.name):
-                            appends.append(rel, out.delta, hint, out.tag, out.placed)
+                            appends.append(rel, out.delta, hint, out.tag, out.placed,
+                                           out.prepared)
             except Exception as exc:
                 if (rel.kind == "mv" and is_row_error(exc)
                         and not isinstance(exc, RelationFailed)):  # a table's Δ never
@@ -791,9 +794,10 @@ class EpochCoordinator:
             batches = by_table.get(rel.id)
             if not batches:
                 return None, [], 0
-            delta, placed = table_delta(self.spark, self.store, rel, batches, epoch - 1,
-                                        int(plan["proctime_us"]))
-            return (DataflowResult(delta, placed=placed), [], sum(b.rows for b in batches))
+            table = table_delta(self.spark, self.store, rel, batches, epoch - 1,
+                                int(plan["proctime_us"]))
+            return (DataflowResult(table.delta, placed=table.placed, prepared=table.prepared),
+                    [], sum(b.rows for b in batches))
         assert rel.plan is not None and rel.options is not None
         leaves = self.catalog.leaves_of(rel)
         states = self.catalog.states_of(rel)

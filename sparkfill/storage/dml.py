@@ -10,12 +10,21 @@ Invariants:
   change of a key (highest ``(seq, idx)``) wins.
 - A table's Δ for epoch ``e`` is the consolidated difference between its
   snapshot at ``e-1`` and that snapshot with the staged changes applied.
+- A first load (a Spark DataFrame of upserts into a table that is empty, with
+  nothing staged, when it is called) is staged *placed*: already as the table's
+  log files of the next epoch ``e`` (one row per key, the last; in vnode order;
+  ``_epoch`` = ``e``, ``_op`` = ``+``), under a name ending ``.e<e>.placed``, with
+  what an append would have observed of it beside them. If it is the table's only
+  batch when epoch ``e`` applies it and the table is still empty, the epoch links
+  its files into the table as they are (no second pass over the rows); otherwise it
+  is read as staged upserts like any other batch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -31,18 +40,22 @@ from ..errors import DataError, UnknownColumn
 from .catalog import Relation
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
-from .relation_store import KEY_VALUES, DataFile, RelationStore
+from .relation_store import KEY_VALUES, DataFile, RelationStore, delta_metrics
 from .schema import (
+    EPOCH,
+    OP,
     VNODE,
+    VNODE_COUNT,
     arrow_type,
     names_sql,
+    physical_struct,
     quoted,
     spark_type,
     vnode_expr,
     vnode_sql,
     vnodes_of,
 )
-from .spark_files import read_parquet, write_parquet
+from .spark_files import WrittenFile, read_parquet, write_parquet
 from .warehouse import Warehouse
 
 __all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
@@ -57,6 +70,19 @@ IDX = "_sf_idx"
 KIND = "_sf_kind"
 #: a staged row's first failed check (never written)
 PROBLEM = "_sf_problem"
+#: a placed batch (a first load staged as the table's log files of the epoch in its
+#: name): ``<seq>-<id>.e<epoch>.placed``
+PLACED = re.compile(r"\.e(\d{10})\.placed$")
+#: what the write of a placed batch observed, beside its files
+PLACED_OBSERVED = "_sf_observed.json"
+#: at most this many files per placed batch (a Spark write task each)
+PLACED_FILES = 26
+
+
+def placed_epoch(path: str) -> int | None:
+    """The epoch a placed batch's files are written for; None for another batch."""
+    m = PLACED.search(path)
+    return None if m is None else int(m.group(1))
 
 
 def _stage_struct(rel: Relation) -> T.StructType:
@@ -67,10 +93,13 @@ def _stage_struct(rel: Relation) -> T.StructType:
 
 
 class DmlStager:
-    def __init__(self, spark: SparkSession, meta: MetaStore, warehouse: Warehouse) -> None:
+    def __init__(self, spark: SparkSession, meta: MetaStore, warehouse: Warehouse,
+                 store: RelationStore | None = None) -> None:
         self.spark = spark
         self.meta = meta
         self.warehouse = warehouse
+        #: the tables' store: with it, a first load is staged placed
+        self.store = store
         #: the URI of the staged batches' directory
         self.dir = warehouse.join("staging", "dml")
         warehouse.makedirs(self.dir)
@@ -228,12 +257,19 @@ class DmlStager:
         seq = self.meta.next_dml_seq()
         name = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
         wh = self.warehouse
+        given: int | None = None  # a placed batch's rows given (its keys' repeats too)
         if isinstance(rows, DataFrame):
             batch, reject_bad_rows = self._spark_batch(rel, rows, kind)
             batch = batch.withColumn(SEQ, F.lit(seq).cast("long"))
-            path = f"{self.dir}/{name}"
-            written = write_parquet(
-                batch.selectExpr(*names_sql(_stage_struct(rel).fieldNames())), wh, path, [])
+            load_epoch = self._first_load_epoch(rel, rows, kind)
+            if load_epoch is not None:
+                path = f"{self.dir}/{name}.e{load_epoch:010d}.placed"
+                written, given = self._write_placed(rel, batch, path, load_epoch)
+            else:
+                path = f"{self.dir}/{name}"
+                written = write_parquet(
+                    batch.selectExpr(*names_sql(_stage_struct(rel).fieldNames())), wh, path,
+                    [])
             if reject_bad_rows is not None:
                 try:
                     reject_bad_rows()
@@ -263,7 +299,58 @@ class DmlStager:
             wh.rmtree(path)
             return 0
         self.meta.stage_dml(StagedBatch(seq, rel.id, path, count))
-        return count
+        return count if given is None else given
+
+    def _first_load_epoch(self, rel: Relation, df: DataFrame, kind: str) -> int | None:
+        """The epoch a Spark DataFrame of upserts into ``rel`` is staged placed for (the
+        next one), when it is a first load: the table holds no rows at the committed
+        epoch and has no batch staged; None otherwise. Only into a local warehouse
+        (its files are linked into the table) and a table without a processing-time
+        column (its value is the applying epoch's)."""
+        store = self.store
+        if (store is None or kind != UPSERT or KIND in df.columns or rel.proctime is not None
+                or not self.warehouse.is_local or not hasattr(df, "repartitionById")):
+            return None
+        committed = self.meta.committed_epoch
+        if any(b.rel_id == rel.id for b in self.meta.staged()) or \
+                store.files_at(rel.stored, committed):
+            return None
+        return committed + 1
+
+    def _write_placed(self, rel: Relation, batch: DataFrame, path: str,
+                      epoch: int) -> tuple[list[WrittenFile], int]:
+        """Write the staged upserts ``batch`` under ``path`` as ``rel``'s log files of
+        ``epoch``: the last row of each key (highest ``_sf_idx``: call order), placed by
+        vnode and sorted by key within it (one shuffle and the sort that picks the
+        last row), in at most ``PLACED_FILES`` files of consecutive vnodes, in the
+        store's row groups; and beside them what an append observes of a Δ (rows per
+        ``_op``, vnodes). Returns the files written and how many rows were given
+        (repeated keys included)."""
+        assert self.store is not None
+        key = [quoted(k) for k in rel.key]
+        counted = Observation(f"sf_load_{uuid.uuid4().hex}")
+        rows = batch.observe(counted, F.count(F.lit(1)).alias("n")).withColumn(
+            VNODE, F.expr(vnode_sql(key))).repartitionById(VNODE_COUNT, F.col(VNODE))
+        # partitioned by the vnode first: the shuffle above satisfies it (no exchange)
+        order = Window.partitionBy(F.col(VNODE), *[F.col(k) for k in key]).orderBy(
+            F.col(IDX).desc())
+        latest = (rows.withColumn("_sf_rn", F.row_number().over(order))
+                  .where(F.col("_sf_rn") == 1)
+                  .withColumn(EPOCH, F.lit(epoch).cast("long")).withColumn(OP, F.lit("+")))
+        files = max(1, min(PLACED_FILES,
+                           int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1)))
+        observed = Observation(f"sf_placed_{uuid.uuid4().hex}")
+        out = (latest.coalesce(files)
+               .selectExpr(*[f"CAST({quoted(f.name)} AS {f.dataType.simpleString()}) AS "
+                             f"{quoted(f.name)}" for f in physical_struct(rel.columns).fields])
+               .observe(observed, *delta_metrics()))
+        written = write_parquet(out, self.warehouse, path, [VNODE, EPOCH, rel.key[0]],
+                                row_group_rows=self.store.row_group_rows)
+        if written:
+            self.warehouse.write_text(f"{path}/{PLACED_OBSERVED}",
+                                      json.dumps(observed.get, default=str))
+        # the call's count: the rows given, repeated keys included
+        return written, int((counted.get or {}).get("n") or 0)
 
     def remove_orphans(self) -> None:
         """Delete staged files no unapplied batch refers to."""
@@ -277,6 +364,16 @@ class DmlStager:
             self.warehouse.rmtree(uri)
 
 
+def _batch_files(warehouse: Warehouse, b: StagedBatch) -> list[str]:
+    """The ``part-*.parquet`` files of a batch staged by Spark (a directory)."""
+    parts = [uri for uri in warehouse.list(b.path)
+             if Warehouse.name_of(uri).startswith("part-") and uri.endswith(".parquet")]
+    if not parts:
+        raise FileNotFoundError(f"staged DML batch {b.seq} ({b.rows} rows): no Parquet "
+                                f"file at {b.path}")
+    return parts
+
+
 def _staged_files(warehouse: Warehouse, batches: Sequence[StagedBatch],
                   ) -> tuple[list[str], bool]:
     """The Parquet files of ``batches``, and whether each batch is one file (staged by
@@ -288,21 +385,40 @@ def _staged_files(warehouse: Warehouse, batches: Sequence[StagedBatch],
             files.append(b.path)
             continue
         single = False
-        parts = [uri for uri in warehouse.list(b.path)
-                 if Warehouse.name_of(uri).startswith("part-") and uri.endswith(".parquet")]
-        if not parts:
-            raise FileNotFoundError(f"staged DML batch {b.seq} ({b.rows} rows): no Parquet "
-                                    f"file at {b.path}")
-        files += parts
+        files += _batch_files(warehouse, b)
     return files, single
 
 
+def _read_staged(spark: SparkSession, warehouse: Warehouse, rel: Relation,
+                 batches: Sequence[StagedBatch]) -> tuple[DataFrame, list[str], bool]:
+    """The staged rows of ``batches`` (in ``_stage_struct``), their files other than
+    placed batches', and whether those are each one file. A placed batch's rows (its
+    keys' last rows, as log files) are read as upserts of its sequence number."""
+    placed = [b for b in batches if placed_epoch(b.path) is not None]
+    others = [b for b in batches if placed_epoch(b.path) is None]
+    files, single = _staged_files(warehouse, others)
+    struct = _stage_struct(rel)
+    parts = [read_parquet(spark, warehouse, struct, files, sum(b.rows for b in others))] \
+        if others else []
+    for b in placed:
+        parts.append(read_parquet(spark, warehouse, physical_struct(rel.columns),
+                                  _batch_files(warehouse, b), b.rows).selectExpr(
+            *names_sql([c.name for c in rel.columns]), f"CAST({b.seq} AS BIGINT) AS {SEQ}",
+            f"CAST(0 AS BIGINT) AS {IDX}", f"'{UPSERT}' AS {KIND}"))
+    staged = parts[0]
+    for other in parts[1:]:
+        staged = staged.unionAll(other)
+    return staged, files, single and not placed
+
+
 class TableDelta(NamedTuple):
-    """A table's changelog for an epoch, and whether it is already in the partitions
-    its append writes (``RelationStore.place_by_vnode_range``)."""
+    """A table's changelog for an epoch, whether it is already in the partitions its
+    append writes (``RelationStore.place_by_vnode_range``), and the placed batch
+    directories whose files are that changelog, written (the append links them in)."""
 
     delta: DataFrame
     placed: bool = False
+    prepared: tuple[str, ...] = ()
 
 
 def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
@@ -317,10 +433,17 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     found too (all rows of a key share its vnode), not by key and then by range."""
     key = list(rel.key)
     cols = [c.name for c in rel.columns]
-    files, single = _staged_files(store.warehouse, batches)
     rows = sum(b.rows for b in batches)
-    staged = read_parquet(spark, store.warehouse, _stage_struct(rel), files, rows)
     before = store.files_at(rel.stored, prev_epoch)
+    if (len(batches) == 1 and placed_epoch(batches[0].path) == prev_epoch + 1 and not before
+            and rel.proctime is None):
+        # a first load staged placed for this epoch: its files are the changelog
+        b = batches[0]
+        delta = read_parquet(spark, store.warehouse, physical_struct(rel.columns),
+                             _batch_files(store.warehouse, b), b.rows).selectExpr(
+            *names_sql([*cols, VNODE, OP]))
+        return TableDelta(delta, prepared=(b.path,))
+    staged, files, single = _read_staged(spark, store.warehouse, rel, batches)
     placed = None if before else store.place_by_vnode_range(
         staged.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key]))), rows)
     by_key = [F.col(quoted(k)) for k in key]

@@ -78,7 +78,7 @@ from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
            "BEFORE_OPS", "OPS", "IS_LIVE", "IS_BEFORE", "KEY_VALUES", "LOCAL_WRITE_ROWS",
-           "retracts", "compaction_epoch"]
+           "retracts", "compaction_epoch", "delta_metrics", "Observed"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -614,7 +614,7 @@ class RelationStore:
         ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
         if observation is not None:
             # after the exchange: a range partitioner's sampling job does not run it
-            ordered = ordered.observe(observation, *_delta_metrics(key_column, count_column))
+            ordered = ordered.observe(observation, *delta_metrics(key_column, count_column))
         if register:
             self.meta.add_pending_dir(rel.id, out)
         written = write_parquet(ordered, self.warehouse, out, [VNODE, EPOCH, rel.key[0]],
@@ -675,7 +675,7 @@ class RelationStore:
         table = table.cast(physical_arrow_schema(rel.columns)).sort_by(
             [(VNODE, "ascending"), *[(k, "ascending") for k in rel.key]])
         ops = {v["values"]: v["counts"] for v in pc.value_counts(table[OP]).to_pylist()}
-        # the values _delta_metrics would observe; key values as Spark would collect
+        # the values delta_metrics would observe; key values as Spark would collect
         # them: not timestamps (time zones differ)
         values: dict[str, Any] = {f"op{i}": ops.get(op) for i, op in enumerate(OPS)}
         values["vnodes"] = pc.unique(table[VNODE]).to_pylist()
@@ -700,18 +700,24 @@ class RelationStore:
 
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
                rows_hint: int, collect_keys: bool = False,
-               placed: bool = False) -> Appended | None:
+               placed: bool = False, prepared: Sequence[str] = ()) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
         job; None when it is empty (nothing is committed). ``rows_hint``: about how
         many rows it holds (it sets the number of files). ``collect_keys``: bring the
         first key column's distinct values to the driver (``Appended.keys``) when
         there are at most ``KEY_VALUES``. ``placed``: ``delta`` is in the partitions
-        of ``place_by_vnode_range(rows_hint)``. Idempotent per epoch: a retried
-        append finds the files the first one committed."""
+        of ``place_by_vnode_range(rows_hint)``. ``prepared``: ``delta`` is the rows
+        of these directories' files, written already as this relation's log files of
+        ``epoch`` (a placed first load, ``dml``): they are linked in, no row is
+        written. Idempotent per epoch: a retried append finds the files the first one
+        committed."""
         dt = self._table(rel)
         if (done := self._committed_append(dt, rel, epoch, collect_keys)) is not None:
             return done[0]
         subdir = self._log_subdir(epoch)
+        if prepared:
+            actions, observed = self._link_prepared(rel, prepared, subdir)
+            return self._commit_append(dt, rel, epoch, subdir, actions, observed)
         # the set is collected whole: only for a Δ expected small
         key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
         if rows_hint <= LOCAL_WRITE_ROWS:
@@ -797,7 +803,7 @@ class RelationStore:
             return None
         delta = self._read_delta(rel, [f.uri for f in written], sum(f.rows for f in written))
         key = rel.key[0] if collect_keys else None
-        stats = delta.agg(*_delta_metrics(key, key)).collect()[0].asDict()
+        stats = delta.agg(*delta_metrics(key, key)).collect()[0].asDict()
         self.spark_jobs += 1
         return Appended(version, _observed(stats), delta)
 
@@ -978,6 +984,38 @@ class RelationStore:
                                                                stats), now_ms))
         return actions
 
+    def _link_prepared(self, rel: StoredRelation, dirs: Sequence[str], subdir: str,
+                       ) -> tuple[list[AddAction | RemoveAction], Observed]:
+        """Link (or copy) the Parquet files of ``dirs`` under ``subdir`` (statistics
+        from their footers), and what their write observed (``delta_metrics``'
+        values, in each directory's ``_sf_observed.json``)."""
+        table_path = self.path(rel)
+        out = f"{table_path}/{subdir}"
+        self.meta.add_pending_dir(rel.id, out)
+        self.warehouse.makedirs(out)
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = []
+        values: dict[str, Any] = {}
+        for d in dirs:
+            text = self.warehouse.read_text(f"{d}/_sf_observed.json")
+            if text is None:
+                raise FileNotFoundError(f"{d}: no _sf_observed.json beside its files")
+            for name, value in json.loads(text).items():
+                if name == "vnodes":
+                    values[name] = sorted({*values.get(name, ()), *value})
+                else:
+                    values[name] = (values.get(name) or 0) + (value or 0)
+            for uri in self.warehouse.list(d):
+                name = Warehouse.name_of(uri)
+                if not (name.startswith("part-") and name.endswith(".parquet")):
+                    continue
+                target = f"{out}/{name}"
+                self.warehouse.link_or_copy(uri, target)
+                stats = parquet_stats(self.warehouse, target, [VNODE, EPOCH, rel.key[0]])
+                actions.append(_add_action(
+                    table_path, WrittenFile(target, self.warehouse.size(target), stats), now_ms))
+        return actions, _observed(values)
+
     def reset(self, rel: StoredRelation) -> int:
         """Remove every file of a relation in one commit (a restarted job)."""
         dt = self._table(rel)
@@ -1048,7 +1086,7 @@ def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
     return log_df.selectExpr("*", rank).where("_sf_rn = 1").drop("_sf_rn")
 
 
-def _delta_metrics(key_column: str | None = None,
+def delta_metrics(key_column: str | None = None,
                    count_column: str | None = None) -> list[Any]:
     """Rows per ``_op``, the distinct vnodes of a changelog and, with ``key_column``,
     that column's distinct values, with ``count_column`` an estimate of how many
