@@ -145,7 +145,8 @@ GRAMMAR_SHAPES = {
     "decimal_sums": ("SELECT g, sum(CAST(v AS DECIMAL(7,2)) * 3) AS s3, "
                      "sum(CAST(v AS DECIMAL(28,2)) / (g + 977)) AS per, "
                      "sum(CAST(v AS DECIMAL(7,2)) / 7) AS s7, count(*) AS c, "
-                     "min(CAST(v AS DECIMAL(38,12)) / 3) AS mn FROM {t} GROUP BY g", ["t"]),
+                     "min(CAST(v AS DECIMAL(38,12)) / 3) AS mn, "
+                     "avg(CAST(v AS DECIMAL(7,2)) / 7) AS a7 FROM {t} GROUP BY g", ["t"]),
     "decimal_union": ("SELECT k, sum(sv) AS sv, sum(sv / (k + 97531)) AS per FROM ("
                       "SELECT g AS k, sum(CASE WHEN v > 100 THEN CAST(v AS DECIMAL(7,2)) * "
                       "(g + 1) ELSE 0 END) AS sv FROM {t} GROUP BY g UNION ALL "
@@ -741,11 +742,11 @@ def test_state_deltas_wait_for_the_epochs_one_write_when_lookups_read_small_rela
 
 @pytest.mark.parametrize("strategy", ["blocking", "snapshot", "arrangement"])
 def test_counts_and_sums_keep_no_input_rows(engine, spark, monkeypatch, strategy):
-    """Running counts and sums per group (and SELECT DISTINCT) need only the Δ: their
-    state table stays empty however the MV is created, and under random DML (rows
-    moving between groups, groups emptied and revived) the MV equals the batch query
-    at every epoch, both when the MV is read whole and when its touched groups are
-    looked up by keys brought to the driver."""
+    """Running counts, sums and decimal averages per group (and SELECT DISTINCT) need
+    only the Δ: their state table stays empty however the MV is created, and under
+    random DML (rows moving between groups, groups emptied and revived) the MV equals
+    the batch query at every epoch, both when the MV is read whole and when its
+    touched groups are looked up by keys brought to the driver."""
     import sparkfill.dataflow.keys as keys_mod
     import sparkfill.dataflow.mv as mv_mod
 
@@ -756,7 +757,9 @@ def test_counts_and_sums_keep_no_input_rows(engine, spark, monkeypatch, strategy
                         for i in range(400)])
     engine.step()
     shapes = {"cs": ("SELECT g, count(*) AS c, count(d) AS cd, sum(v) AS sv, sum(d) AS sd, "
-                     "count_if(v > 50) AS big FROM {t} GROUP BY g", ["t"]),
+                     "count_if(v > 50) AS big, avg(d) AS ad, "
+                     "round(avg(CAST(d AS DECIMAL(38,12)) * 3), 5) AS ad3 FROM {t} GROUP BY g",
+                     ["t"]),
               "ds": ("SELECT DISTINCT g, v % 4 AS r FROM {t}", ["t"])}
     for name, (sql, _) in shapes.items():
         engine.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = '{strategy}', "

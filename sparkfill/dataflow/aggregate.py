@@ -22,7 +22,15 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..sql.planner import GROUP_KEY, GROUP_OF_ROW, GROUP_ROWS, AggSpec, MvPlan, running_count_column
+from ..sql.planner import (
+    GROUP_KEY,
+    GROUP_OF_ROW,
+    GROUP_ROWS,
+    AggSpec,
+    MvPlan,
+    running_count_column,
+    running_sum_column,
+)
 from ..storage.catalog import Relation
 from ..storage.keyrange import values_in
 from ..storage.relation_store import Appended, RelationStore
@@ -149,7 +157,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                 f"sum(CASE WHEN {x} IS NOT NULL THEN {weight} END) AS {q(name + '_d')}")
         elif kind == "count_if":
             parts.append(f"sum(CASE WHEN {x} THEN {weight} END) AS {q(name + '_d')}")
-        elif kind == "sum":
+        elif kind in ("sum", "avg"):
             # a leaving value negated, not multiplied by its weight: an int times a
             # decimal(38, s) has scale at most 6 under Spark's precision rules
             parts += [f"sum(CASE WHEN {OP} IN ('+', 'U+') THEN {x} ELSE -{x} END) "
@@ -195,6 +203,18 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                 new.append(f"{n} AS {q(non_null)}")
                 total = exact_add_sql(f"coalesce({was(name)}, 0)", d(name + "_d"), types[name])
                 value = f"CASE WHEN {n} = 0 THEN NULL ELSE {total} END"
+            elif kind == "avg":
+                # a decimal avg as Spark evaluates it: its exact sum (typed as its
+                # ``sum``) divided by its count as decimal(20, 0), cast to its type
+                non_null, summed = running_count_column(name), running_sum_column(name)
+                n = f"(coalesce({was(non_null)}, 0) + {d(name + '_dn')})"
+                new.append(f"{n} AS {q(non_null)}")
+                total = exact_add_sql(f"coalesce({was(summed)}, 0)", d(name + "_d"),
+                                      types[summed])
+                new.append(f"CAST(CASE WHEN {n} = 0 THEN NULL ELSE {total} END AS "
+                           f"{types[summed]}) AS {q(summed)}")
+                value = (f"CASE WHEN {n} = 0 THEN NULL ELSE CAST({total} AS {types[summed]}) / "
+                         f"CAST({n} AS DECIMAL(20,0)) END")
             else:
                 extreme = "greatest" if kind == "max" else "least"
                 value = f"{extreme}({was(name)}, {q(name + '_in')})"
@@ -253,12 +273,15 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
 
 def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
     """Per group of ``rows``: the group columns, each aggregate's value and, for a
-    running aggregate, the group's rows and each sum's non-null count."""
+    running aggregate, the group's rows, each sum's and avg's non-null count and each
+    avg's sum."""
     aggs = [F.expr(sql).alias(name) for name, sql in spec.aggs]
     if spec.running is not None:
         aggs.append(F.count(F.lit(1)).alias(GROUP_ROWS))
         aggs += [F.count(F.col(arg)).alias(running_count_column(name))
-                 for name, kind, arg in spec.running if kind == "sum"]
+                 for name, kind, arg in spec.running if kind in ("sum", "avg")]
+        aggs += [F.sum(F.col(arg)).alias(running_sum_column(name))
+                 for name, kind, arg in spec.running if kind == "avg"]
     return rows.groupBy(*spec.group).agg(*(aggs or [F.count(F.lit(1)).alias("_sf_n")]))
 
 

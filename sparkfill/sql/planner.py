@@ -51,7 +51,8 @@ __all__ = [
     "explain_plan",
     "NONDETERMINISTIC", "CLOCK_FUNCTIONS", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH",
     "BRANCH_ROW",
-    "Branch", "union_branches", "GROUP_ROWS", "running_count_column", "TopNSpec",
+    "Branch", "union_branches", "GROUP_ROWS", "running_count_column", "running_sum_column",
+    "TopNSpec",
     "WindowSpec", "WINDOW_PART",
     "split_top_n",
 ]
@@ -142,8 +143,13 @@ NULL_EXTENDED_SIDES: dict[str, frozenset[int]] = {
 
 
 def running_count_column(agg_column: str) -> str:
-    """Hidden MV column of a running ``sum``: the non-null values it adds up."""
+    """Hidden MV column of a running ``sum`` or ``avg``: the non-null values it adds up."""
     return f"{agg_column}_n"
+
+
+def running_sum_column(agg_column: str) -> str:
+    """Hidden MV column of a running ``avg``: the sum of its values (as Spark's ``sum``)."""
+    return f"{agg_column}_s"
 
 
 @dataclass(frozen=True)
@@ -965,8 +971,10 @@ def _plan_window(spark: SparkSession, scope: _Scope, select: exp.Select,
 def _running_aggs(row_schema: StructType, aggs: Sequence[tuple[str, str]],
                   ) -> tuple[tuple[str, str, str], ...] | None:
     """Each aggregate as a running one, ``(column, kind, argument column)``; None when
-    one of them cannot run (``count(DISTINCT)``, a sum of floating point values, whose
-    result depends on the order of addition, ``avg``, ``stddev``, ...)."""
+    one of them cannot run (``count(DISTINCT)``, a sum or an ``avg`` of floating point
+    or integer values — Spark adds those as doubles, whose sum depends on the order of
+    addition —, ``stddev``, ...). An ``avg`` of decimals runs as its exact sum and
+    count."""
     types = {f.name: f.dataType for f in row_schema.fields}
     out = []
     for name, sql in aggs:
@@ -987,6 +995,8 @@ def _running_aggs(row_schema: StructType, aggs: Sequence[tuple[str, str]],
         elif isinstance(node, exp.Sum) and isinstance(
                 types[arg_col], ByteType | ShortType | IntegerType | LongType | DecimalType):
             out.append((name, "sum", arg_col))
+        elif isinstance(node, exp.Avg) and isinstance(types[arg_col], DecimalType):
+            out.append((name, "avg", arg_col))
         elif isinstance(node, exp.Max | exp.Min) and not isinstance(
                 types[arg_col], MapType | ArrayType | StructType):
             out.append((name, "max" if isinstance(node, exp.Max) else "min", arg_col))
@@ -1002,13 +1012,18 @@ def _running_columns(spark: SparkSession, row_schema: StructType, group: Sequenc
     aggregate's value (typed as Spark types it) and each sum's non-null count."""
     types: dict[str, str] = {}
     if aggs:  # SELECT DISTINCT has none: its groups' rows are all it keeps
+        sums = [F.sum(F.col(arg)).alias(running_sum_column(name))
+                for name, kind, arg in running if kind == "avg"]
         probe = spark.createDataFrame([], row_schema).groupBy(*group).agg(
-            *[F.expr(sql).alias(name) for name, sql in aggs]).schema
+            *[F.expr(sql).alias(name) for name, sql in aggs], *sums).schema
         types = {f.name: f.dataType.simpleString() for f in probe.fields}
     cols = [Column(GROUP_ROWS, "bigint", False, hidden=True)]
     for name, kind, _ in running:
         cols.append(_column_of(name, types[name], True, hidden=True))
-        if kind == "sum":
+        if kind == "avg":
+            cols.append(_column_of(running_sum_column(name), types[running_sum_column(name)],
+                                   True, hidden=True))
+        if kind in ("sum", "avg"):
             cols.append(Column(running_count_column(name), "bigint", False, hidden=True))
     return cols
 
