@@ -40,7 +40,13 @@ from ..errors import DataError, UnknownColumn
 from .catalog import Relation
 from .keyrange import values_in
 from .meta_store import MetaStore, StagedBatch
-from .relation_store import KEY_VALUES, DataFile, RelationStore, delta_metrics
+from .relation_store import (
+    KEY_VALUES,
+    PREPARED_OBSERVED,
+    DataFile,
+    RelationStore,
+    delta_metrics,
+)
 from .schema import (
     EPOCH,
     OP,
@@ -73,8 +79,6 @@ PROBLEM = "_sf_problem"
 #: a placed batch (a first load staged as the table's log files of the epoch in its
 #: name): ``<seq>-<id>.e<epoch>.placed``
 PLACED = re.compile(r"\.e(\d{10})\.placed$")
-#: what the write of a placed batch observed, beside its files
-PLACED_OBSERVED = "_sf_observed.json"
 #: at most this many files per placed batch (a Spark write task each)
 PLACED_FILES = 26
 
@@ -347,7 +351,7 @@ class DmlStager:
         written = write_parquet(out, self.warehouse, path, [VNODE, EPOCH, rel.key[0]],
                                 row_group_rows=self.store.row_group_rows)
         if written:
-            self.warehouse.write_text(f"{path}/{PLACED_OBSERVED}",
+            self.warehouse.write_text(f"{path}/{PREPARED_OBSERVED}",
                                       json.dumps(observed.get, default=str))
         # the call's count: the rows given, repeated keys included
         return written, int((counted.get or {}).get("n") or 0)

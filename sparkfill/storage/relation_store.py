@@ -18,7 +18,9 @@ Invariants:
   job: the rows per ``_op`` and the vnodes it touched are observed while it is
   written (a small Δ is brought to the driver as Arrow and written there, a large
   one by the executors), and the epoch reads its Δ back from the written files (a
-  plan of one leaf, nothing cached). An empty Δ commits nothing.
+  plan of one leaf, nothing cached). An empty Δ commits nothing. A Δ already
+  written as the epoch's log files elsewhere (a placed first load, ``dml``) is
+  linked in, with what its write observed, instead of written again.
 - Compaction swaps all files for new base files (a fold), or the log files for
   one log file of the same rows (a merge), in one Delta commit. A state table's
   epoch that changes most of its rows may do the same in place of an append
@@ -78,7 +80,7 @@ from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
            "BEFORE_OPS", "OPS", "IS_LIVE", "IS_BEFORE", "KEY_VALUES", "LOCAL_WRITE_ROWS",
-           "retracts", "compaction_epoch", "delta_metrics", "Observed"]
+           "retracts", "compaction_epoch", "delta_metrics", "Observed", "PREPARED_OBSERVED"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -88,6 +90,8 @@ KEY_VALUES = 10_000
 #: written there (still one Spark job, without Spark's file-commit protocol, which
 #: costs more than the rows of a small Δ); a larger one is written by the executors
 LOCAL_WRITE_ROWS = 20_000
+#: what the write of prepared files observed (``delta_metrics``' values), beside them
+PREPARED_OBSERVED = "_sf_observed.json"
 #: row groups per file of a Spark write to a local warehouse (``RelationStore.file_row_groups``)
 FILE_ROW_GROUPS = 10
 #: a log of at most this many rows that has too many files is merged into one log
@@ -988,7 +992,7 @@ class RelationStore:
                        ) -> tuple[list[AddAction | RemoveAction], Observed]:
         """Link (or copy) the Parquet files of ``dirs`` under ``subdir`` (statistics
         from their footers), and what their write observed (``delta_metrics``'
-        values, in each directory's ``_sf_observed.json``)."""
+        values, in each directory's ``PREPARED_OBSERVED``)."""
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         self.meta.add_pending_dir(rel.id, out)
@@ -997,9 +1001,9 @@ class RelationStore:
         actions: list[AddAction | RemoveAction] = []
         values: dict[str, Any] = {}
         for d in dirs:
-            text = self.warehouse.read_text(f"{d}/_sf_observed.json")
+            text = self.warehouse.read_text(f"{d}/{PREPARED_OBSERVED}")
             if text is None:
-                raise FileNotFoundError(f"{d}: no _sf_observed.json beside its files")
+                raise FileNotFoundError(f"{d}: no {PREPARED_OBSERVED} beside its files")
             for name, value in json.loads(text).items():
                 if name == "vnodes":
                     values[name] = sorted({*values.get(name, ()), *value})
