@@ -73,11 +73,12 @@ _raise: Callable[[], BaseException] | None = None
 _raise_after = False
 #: the faults injected so far, as ``point#k``
 fired: list[str] = []
-#: frames of these files are the generic layers: a point is named after the sparkfill
-#: function that called into them
+#: frames of these files and functions are the generic layers: a point is named after
+#: the sparkfill function that called into them (a link's after ``_link_as_base`` or
+#: ``_link_prepared``, not their shared ``_link_files``)
 _GENERIC_FILES = ("storage/warehouse.py", "storage/spark_files.py", "contextlib.py",
                   os.path.basename(__file__))
-_GENERIC_FUNCS = {"transaction"}
+_GENERIC_FUNCS = {"transaction", "_link_files"}
 
 
 def parse_site(text: str | None) -> tuple[str, int] | None:

@@ -45,6 +45,7 @@ from .relation_store import (
     PREPARED_OBSERVED,
     DataFile,
     RelationStore,
+    cast_sql,
     delta_metrics,
 )
 from .schema import (
@@ -345,8 +346,7 @@ class DmlStager:
                            int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1)))
         observed = Observation(f"sf_placed_{uuid.uuid4().hex}")
         out = (latest.coalesce(files)
-               .selectExpr(*[f"CAST({quoted(f.name)} AS {f.dataType.simpleString()}) AS "
-                             f"{quoted(f.name)}" for f in physical_struct(rel.columns).fields])
+               .selectExpr(*[cast_sql(f) for f in physical_struct(rel.columns).fields])
                .observe(observed, *delta_metrics()))
         written = write_parquet(out, self.warehouse, path, [VNODE, EPOCH, rel.key[0]],
                                 row_group_rows=self.store.row_group_rows)

@@ -80,7 +80,8 @@ from .warehouse import Warehouse
 
 __all__ = ["RelationStore", "StoredRelation", "DataFile", "Appended", "APP_ID", "LIVE_OPS",
            "BEFORE_OPS", "OPS", "IS_LIVE", "IS_BEFORE", "KEY_VALUES", "LOCAL_WRITE_ROWS",
-           "retracts", "compaction_epoch", "delta_metrics", "Observed", "PREPARED_OBSERVED"]
+           "retracts", "compaction_epoch", "delta_metrics", "Observed", "PREPARED_OBSERVED",
+           "cast_sql"]
 
 APP_ID = "sparkfill"
 #: a Δ with at most this many distinct first-key values brings them to the driver
@@ -615,7 +616,7 @@ class RelationStore:
             # consecutive ranges into one file each, in order (no second shuffle)
             ordered = ordered.coalesce(n_files)
         schema = physical_struct(rel.columns)
-        ordered = ordered.selectExpr(*[_cast_sql(f) for f in schema.fields])
+        ordered = ordered.selectExpr(*[cast_sql(f) for f in schema.fields])
         if observation is not None:
             # after the exchange: a range partitioner's sampling job does not run it
             ordered = ordered.observe(observation, *delta_metrics(key_column, count_column))
@@ -632,7 +633,7 @@ class RelationStore:
         """A small changelog's rows on the driver as Arrow, in ``rel``'s physical schema
         with ``_epoch`` = ``epoch`` (one Spark job)."""
         fields = _collected_fields(rel)
-        table = df.selectExpr(*[_cast_sql(f) for f in fields]).toArrow()
+        table = df.selectExpr(*[cast_sql(f) for f in fields]).toArrow()
         self.spark_jobs += 1
         return _with_epoch(table, epoch)
 
@@ -974,15 +975,23 @@ class RelationStore:
         base files (statistics from their footers); the log paths stay readable by earlier
         versions until vacuumed."""
         self.check_files(rel, files)
+        return self._link_files(rel, [(f.uri, f"part-{i:05d}-{Warehouse.name_of(f.path)}")
+                                      for i, f in enumerate(files)], subdir)
+
+    def _link_files(self, rel: StoredRelation, sources: Sequence[tuple[str, str]],
+                    subdir: str) -> list[AddAction | RemoveAction]:
+        """Link (or copy) each ``(uri, name)`` of ``sources`` as ``subdir/name`` of the
+        relation's table, registered as pending first; their add actions, with
+        statistics from their footers."""
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         self.meta.add_pending_dir(rel.id, out)
         self.warehouse.makedirs(out)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = []
-        for i, f in enumerate(files):
-            target = f"{out}/part-{i:05d}-{Warehouse.name_of(f.path)}"
-            self.warehouse.link_or_copy(f.uri, target)
+        for uri, name in sources:
+            target = f"{out}/{name}"
+            self.warehouse.link_or_copy(uri, target)
             stats = parquet_stats(self.warehouse, target, [VNODE, EPOCH, rel.key[0]])
             actions.append(_add_action(table_path, WrittenFile(target, self.warehouse.size(target),
                                                                stats), now_ms))
@@ -993,13 +1002,8 @@ class RelationStore:
         """Link (or copy) the Parquet files of ``dirs`` under ``subdir`` (statistics
         from their footers), and what their write observed (``delta_metrics``'
         values, in each directory's ``PREPARED_OBSERVED``)."""
-        table_path = self.path(rel)
-        out = f"{table_path}/{subdir}"
-        self.meta.add_pending_dir(rel.id, out)
-        self.warehouse.makedirs(out)
-        now_ms = int(time.time() * 1000)
-        actions: list[AddAction | RemoveAction] = []
         values: dict[str, Any] = {}
+        sources: list[tuple[str, str]] = []
         for d in dirs:
             text = self.warehouse.read_text(f"{d}/{PREPARED_OBSERVED}")
             if text is None:
@@ -1009,16 +1013,10 @@ class RelationStore:
                     values[name] = sorted({*values.get(name, ()), *value})
                 else:
                     values[name] = (values.get(name) or 0) + (value or 0)
-            for uri in self.warehouse.list(d):
-                name = Warehouse.name_of(uri)
-                if not (name.startswith("part-") and name.endswith(".parquet")):
-                    continue
-                target = f"{out}/{name}"
-                self.warehouse.link_or_copy(uri, target)
-                stats = parquet_stats(self.warehouse, target, [VNODE, EPOCH, rel.key[0]])
-                actions.append(_add_action(
-                    table_path, WrittenFile(target, self.warehouse.size(target), stats), now_ms))
-        return actions, _observed(values)
+            sources += [(uri, Warehouse.name_of(uri)) for uri in self.warehouse.list(d)
+                        if Warehouse.name_of(uri).startswith("part-")
+                        and uri.endswith(".parquet")]
+        return self._link_files(rel, sources, subdir), _observed(values)
 
     def reset(self, rel: StoredRelation) -> int:
         """Remove every file of a relation in one commit (a restarted job)."""
@@ -1150,7 +1148,7 @@ def _stat(action: dict[str, Any], which: str, col: str, default: int) -> Any:
     return default if value is None else value
 
 
-def _cast_sql(field: T.StructField) -> str:
+def cast_sql(field: T.StructField) -> str:
     """``CAST(column AS type) AS column`` as SQL text (one driver call for a whole
     row, where a Column per field costs several)."""
     name = quoted(field.name)
