@@ -994,7 +994,7 @@ class EpochCoordinator:
         for rel_id, path in self.meta.removed_files_before(horizon):
             rel = by_id.get(rel_id)
             if rel is not None:
-                self.store.warehouse.rmtree(f"{self.store.path(rel.stored)}/{path}")
+                self.store.remove_file(rel.stored, path)
         with self.meta.transaction() as conn:
             self.meta.forget_removed_files(conn, horizon)
             self.meta.prune_versions(conn, horizon)

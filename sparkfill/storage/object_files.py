@@ -11,7 +11,11 @@ open the files through pyarrow's filesystems —
   file source's landed files on an object store);
 - ``parquet_writer`` is a ``mapInArrow`` function: each partition becomes one
   Parquet file, and the function returns its path, size and Delta statistics
-  (so the driver never lists, stats or reads what was written).
+  (so the driver never lists, stats or reads what was written);
+- ``keyed_copy_writer`` and ``keyed_reader`` are the ``mapInArrow`` functions of a
+  base file's *keyed copy*: its rows sorted by key in small row groups, written
+  beside it, from which a lookup of a few keys reads only the row groups whose key
+  range holds one (the driver picks them from the copy's footer).
 
 Invariant: this module imports nothing of sparkfill at its top, so it ships to the
 executors by value (``ship_by_value``): a cluster or a Spark Connect server needs
@@ -27,7 +31,8 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = ["SOURCE_NAME", "TEXT_SOURCE_NAME", "TEXT_SCHEMA", "WRITTEN_SCHEMA",
-           "filesystem_for", "parquet_writer", "arrow_file_stats", "ArrowParquetSource",
+           "KEYED_WRITTEN_SCHEMA", "filesystem_for", "parquet_writer", "keyed_copy_writer",
+           "keyed_reader", "arrow_file_stats", "ArrowParquetSource",
            "ArrowTextSource", "ship_by_value"]
 
 #: the names the data sources are registered under
@@ -37,6 +42,8 @@ TEXT_SOURCE_NAME = "sparkfill_text"
 TEXT_SCHEMA = "file string, value string"
 #: what ``parquet_writer`` returns per file written
 WRITTEN_SCHEMA = "path string, size long, rows long, stats string"
+#: what ``keyed_copy_writer`` returns per copy written
+KEYED_WRITTEN_SCHEMA = "uri string, rows long"
 
 # delta-rs storage-option keys (and their environment names) -> pyarrow S3FileSystem
 _S3_OPTIONS = {
@@ -127,6 +134,69 @@ def parquet_writer(dir_uri: str, storage_options: dict[str, str] | None,
                               ("rows", pa.int64()), ("stats", pa.string())]))
 
     return write
+
+
+def keyed_copy_writer(storage_options: dict[str, str] | None, key_column: str,
+                      group_rows: int,
+                      ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function over work rows ``(src, dst)``: each Parquet file
+    ``src`` rewritten as ``dst`` with its rows sorted by ``key_column``, in row groups
+    of ``group_rows`` rows (so each row group's statistics bound a narrow key range);
+    yields ``(dst, rows)`` per copy."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        out_schema = pa.schema([("uri", pa.string()), ("rows", pa.int64())])
+        for batch in batches:
+            for src, dst in zip(batch.column("src").to_pylist(),
+                                batch.column("dst").to_pylist(), strict=True):
+                fs, path = filesystem_for(src, storage_options)
+                with fs.open_input_file(path) as fh:
+                    rows = pq.read_table(fh)
+                rows = rows.sort_by([(key_column, "ascending")])
+                out_fs, out = filesystem_for(dst, storage_options)
+                pq.write_table(rows, out, filesystem=out_fs, row_group_size=group_rows,
+                               compression="snappy")
+                yield pa.RecordBatch.from_pylist([{"uri": dst, "rows": rows.num_rows}],
+                                                 schema=out_schema)
+
+    return write
+
+
+def keyed_reader(storage_options: dict[str, str] | None, key_column: str,
+                 target_schema: pa.Schema,
+                 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function over work rows ``(uri, groups, keys)``: the rows of
+    the keyed copy ``uri`` in its row groups ``groups`` whose ``key_column`` is one of
+    ``keys`` (a JSON list), as ``target_schema`` (a column the copy lacks — added to
+    its relation after it was written — is NULL)."""
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        for batch in batches:
+            for uri, groups, keys in zip(batch.column("uri").to_pylist(),
+                                         batch.column("groups").to_pylist(),
+                                         batch.column("keys").to_pylist(), strict=True):
+                fs, path = filesystem_for(uri, storage_options)
+                with fs.open_input_file(path) as fh:
+                    parquet = pq.ParquetFile(fh)
+                    held = set(parquet.schema_arrow.names)
+                    rows = parquet.read_row_groups(
+                        groups, columns=[f.name for f in target_schema if f.name in held])
+                column = rows.column(key_column)
+                rows = rows.filter(pc.is_in(column, value_set=pa.array(
+                    json.loads(keys), type=column.type)))
+                if not rows.num_rows:
+                    continue
+                yield from pa.Table.from_arrays(
+                    [rows.column(f.name).cast(f.type) if f.name in held
+                     else pa.nulls(rows.num_rows, f.type) for f in target_schema],
+                    schema=target_schema).to_batches()
+
+    return read
 
 
 try:  # Spark's Python data source API (pyspark >= 4.0)

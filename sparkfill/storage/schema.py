@@ -43,6 +43,8 @@ __all__ = [
     "physical_arrow_schema",
     "vnode_expr",
     "vnodes_of",
+    "vnode_each",
+    "HASHED_KEY_WIDTHS",
     "encode_key_value",
     "decode_key_value",
 ]
@@ -196,18 +198,28 @@ XXHASH_SEED = 42
 
 def vnodes_of(values: Sequence[Any], type_name: str) -> list[int] | None:
     """The sorted distinct vnodes ``vnode_expr`` gives the one-column keys
-    ``values`` of SQL type ``type_name``, computed on the driver (Spark's
-    ``xxhash64`` hashes an integer of at most 32 bits as 4 little-endian bytes, a
-    BIGINT as 8, a string as its UTF-8 bytes); None for other types."""
-    name = normalize_type_name(type_name)
-    width = {"tinyint": 4, "smallint": 4, "int": 4, "bigint": 8, "string": 0}.get(name)
+    ``values`` of SQL type ``type_name``, computed on the driver; None for types
+    ``vnode_each`` cannot hash."""
+    each = vnode_each(values, type_name)
+    return None if each is None else sorted(set(each))
+
+
+def vnode_each(values: Sequence[Any], type_name: str) -> list[int] | None:
+    """The vnode ``vnode_expr`` gives each one-column key of ``values`` (SQL type
+    ``type_name``), in order, computed on the driver (Spark's ``xxhash64`` hashes an
+    integer of at most 32 bits as 4 little-endian bytes, a BIGINT as 8, a string as
+    its UTF-8 bytes); None for other types."""
+    width = HASHED_KEY_WIDTHS.get(normalize_type_name(type_name))
     if width is None:
         return None
-    found = set()
-    for v in values:
-        data = v.encode() if width == 0 else int(v).to_bytes(width, "little", signed=True)
-        found.add(xxhash.xxh64_intdigest(data, XXHASH_SEED) % VNODE_COUNT)
-    return sorted(found)
+    return [xxhash.xxh64_intdigest(v.encode() if width == 0 else
+                                   int(v).to_bytes(width, "little", signed=True),
+                                   XXHASH_SEED) % VNODE_COUNT for v in values]
+
+
+#: the key types whose vnodes the driver computes (``vnode_each``): bytes hashed
+#: per value (0: a string's UTF-8 bytes)
+HASHED_KEY_WIDTHS = {"tinyint": 4, "smallint": 4, "int": 4, "bigint": 8, "string": 0}
 
 
 def quoted(name: str) -> str:

@@ -1,0 +1,128 @@
+"""Keyed copies (``RelationStore._read_keyed``): a fold of a large relation keyed by one
+integer or string column writes beside each base file its rows sorted by key in small
+row groups, and a lookup of a few keys reads only the row groups that hold one. The
+threshold is lowered here so small tables get copies; every epoch is checked against a
+model of the table and, for the MVs over it, their batch queries."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers import TableModel, assert_rows_equal, check_mv, mv_sql
+
+from sparkfill.storage import relation_store
+from sparkfill.storage.relation_store import KEYED_PREFIX
+
+AGG = "SELECT g, count(*) AS n, sum(v) AS s, max(v) AS m FROM {src} GROUP BY g"
+PROJ = "SELECT id, g, v * 2 AS v2 FROM {src} WHERE v % 3 <> 0"
+
+
+@pytest.fixture
+def keyed_reads(engine, monkeypatch):
+    """The base files each lookup read through keyed copies (``_read_keyed`` that did
+    not fall back), and the rows it counted."""
+    calls: list[tuple[int, int]] = []
+    real = relation_store.RelationStore._read_keyed
+
+    def spy(store, rel, files, keys):
+        before = sum(store.rows_read.values())
+        out = real(store, rel, files, keys)
+        if out is not None:
+            calls.append((len(files), sum(store.rows_read.values()) - before))
+        return out
+    monkeypatch.setattr(relation_store.RelationStore, "_read_keyed", spy)
+    return calls
+
+
+def _small_folds(engine):
+    store = engine.store
+    store.keyed_copy_min_rows, store.keyed_group_rows = 0, 20
+    store.target_file_rows = 300  # several base files, each a range of vnodes
+    store.min_compact_rows, store.log_fraction, store.max_log_files = 100, 0.25, 4
+
+
+@pytest.mark.parametrize("key_type", ["BIGINT", "STRING"])
+def test_lookups_through_keyed_copies_keep_the_table_and_its_mvs_exact(
+        engine, spark, keyed_reads, key_type):
+    """Random upserts and deletes of a few keys an epoch, over a table folded often
+    (so its base files change): the table equals its model and each MV its batch
+    query at every epoch, lookups read through the copies, and read fewer rows than
+    the table holds."""
+    _small_folds(engine)
+    rng = random.Random(7)
+    engine.sql(f"CREATE TABLE t (id {key_type}, g INT, v BIGINT, PRIMARY KEY (id))")
+    engine.sql(f"CREATE MATERIALIZED VIEW agg AS {mv_sql(AGG, 't')}")
+    engine.sql(f"CREATE MATERIALIZED VIEW proj AS {mv_sql(PROJ, 't')}")
+    key = (lambda k: k) if key_type == "BIGINT" else (lambda k: f"k{k:05d}")
+    model = TableModel(["id", "g", "v"], key="id")
+
+    def row(k: int) -> dict:
+        return {"id": key(k), "g": rng.randrange(5), "v": rng.randrange(1_000)}
+
+    first = [row(k) for k in range(3_000)]
+    engine.insert("t", first)
+    model.insert(first)
+    model.step()
+    engine.step()
+    for epoch in range(8):
+        ups = [row(rng.randrange(3_500)) for _ in range(40)]
+        dels = [{"id": key(rng.randrange(3_500))} for _ in range(10)]
+        engine.insert("t", ups)
+        engine.delete("t", dels)
+        model.insert(ups)
+        model.delete(dels)
+        model.step()
+        report = engine.step()
+        assert_rows_equal(engine.read("t"), model.rows(), label=f"t at step {epoch}")
+        for name, sql in (("agg", AGG), ("proj", PROJ)):
+            check_mv(engine, spark, name, sql, "t", report.epoch)
+    assert keyed_reads, "no lookup read through keyed copies"
+    assert any(files > 1 for files, _ in keyed_reads), keyed_reads
+    assert all(rows < 3_000 for _, rows in keyed_reads), keyed_reads
+
+
+def test_a_missing_keyed_copy_reads_the_base_and_vacuum_removes_copies(
+        engine, spark, keyed_reads):
+    """A keyed copy deleted by hand: the lookup reads the base files instead (derived
+    data, not a damaged relation), exactly. Vacuum removes the copies of the files
+    it removes."""
+    _small_folds(engine)
+    engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+    engine.sql(f"CREATE MATERIALIZED VIEW agg AS {mv_sql(AGG, 't')}")
+    model = TableModel(["id", "g", "v"], key="id")
+    rows = [{"id": k, "g": k % 4, "v": k} for k in range(2_000)]
+    engine.insert("t", rows)
+    model.insert(rows)
+    model.step()
+    engine.step()
+    wh = engine.store.warehouse
+    rel = engine.catalog.get("t").stored
+    copies = [f.keyed_uri for f in engine.store.files_at(rel, engine.committed_epoch)
+              if f.kind == "base"]
+    assert copies and all(c is not None and wh.exists(c) for c in copies), copies
+    wh.rmtree(copies[0])
+    engine.store._keyed_groups.clear()
+    ups = [{"id": k, "g": 9, "v": -k} for k in range(0, 2_000, 97)]
+    engine.insert("t", ups)
+    model.insert(ups)
+    model.step()
+    report = engine.step()
+    assert not keyed_reads, "a lookup read through a missing copy"
+    assert_rows_equal(engine.read("t"), model.rows(), label="t without a keyed copy")
+    check_mv(engine, spark, "agg", AGG, "t", report.epoch)
+    # fold again (the old base files and their copies are then removed by vacuum)
+    for n in range(6):
+        more = [{"id": 10_000 + 100 * n + k, "g": 1, "v": k} for k in range(100)]
+        engine.insert("t", more)
+        model.insert(more)
+        model.step()
+        engine.step()
+    engine.coordinator.retain_epochs = 0
+    engine.coordinator.vacuum(engine.committed_epoch)
+    assert not any(wh.exists(c) for c in copies[1:]), "vacuum left keyed copies behind"
+    live = [f.keyed_uri for f in engine.store.files_at(rel, engine.committed_epoch)
+            if f.kind == "base"]
+    assert live and all(c is not None and wh.exists(c) for c in live)
+    assert all(KEYED_PREFIX in c for c in live if c)
+    assert_rows_equal(engine.read("t"), model.rows(), label="t after vacuum")
