@@ -11,8 +11,9 @@ import random
 import pytest
 from helpers import TableModel, assert_rows_equal, check_mv, mv_sql
 
+from sparkfill import Engine
 from sparkfill.storage import relation_store
-from sparkfill.storage.relation_store import KEYED_PREFIX
+from sparkfill.storage.relation_store import KEYED_PREFIX, keyed_copy_uri
 
 AGG = "SELECT g, count(*) AS n, sum(v) AS s, max(v) AS m FROM {src} GROUP BY g"
 PROJ = "SELECT id, g, v * 2 AS v2 FROM {src} WHERE v % 3 <> 0"
@@ -82,47 +83,93 @@ def test_lookups_through_keyed_copies_keep_the_table_and_its_mvs_exact(
     assert all(rows < 3_000 for _, rows in keyed_reads), keyed_reads
 
 
-def test_a_missing_keyed_copy_reads_the_base_and_vacuum_removes_copies(
+@pytest.mark.connect
+def test_copies_are_written_when_a_lookup_wants_them_and_rewritten_when_lost(
         engine, spark, keyed_reads):
-    """A keyed copy deleted by hand: the lookup reads the base files instead (derived
-    data, not a damaged relation), exactly. Vacuum removes the copies of the files
-    it removes."""
+    """A base gets keyed copies after the first epoch whose lookup read it whole; a
+    copy deleted by hand makes the lookup read the base files instead (derived data,
+    not a damaged relation), exactly, and is written again after; vacuum removes the
+    copies of the files it removes."""
     _small_folds(engine)
     engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
     engine.sql(f"CREATE MATERIALIZED VIEW agg AS {mv_sql(AGG, 't')}")
     model = TableModel(["id", "g", "v"], key="id")
-    rows = [{"id": k, "g": k % 4, "v": k} for k in range(2_000)]
-    engine.insert("t", rows)
-    model.insert(rows)
-    model.step()
-    engine.step()
     wh = engine.store.warehouse
     rel = engine.catalog.get("t").stored
-    copies = [f.keyed_uri for f in engine.store.files_at(rel, engine.committed_epoch)
-              if f.kind == "base"]
-    assert copies and all(c is not None and wh.exists(c) for c in copies), copies
-    wh.rmtree(copies[0])
-    engine.store._keyed_groups.clear()
-    ups = [{"id": k, "g": 9, "v": -k} for k in range(0, 2_000, 97)]
-    engine.insert("t", ups)
-    model.insert(ups)
-    model.step()
-    report = engine.step()
-    assert not keyed_reads, "a lookup read through a missing copy"
-    assert_rows_equal(engine.read("t"), model.rows(), label="t without a keyed copy")
-    check_mv(engine, spark, "agg", AGG, "t", report.epoch)
-    # fold again (the old base files and their copies are then removed by vacuum)
-    for n in range(6):
-        more = [{"id": 10_000 + 100 * n + k, "g": 1, "v": k} for k in range(100)]
-        engine.insert("t", more)
-        model.insert(more)
+
+    def epoch(ups, dels=()):
+        engine.insert("t", ups)
+        if dels:
+            engine.delete("t", list(dels))
+        model.insert(ups)
+        model.delete(dels)
         model.step()
-        engine.step()
+        report = engine.step()
+        assert_rows_equal(engine.read("t"), model.rows(), label=f"t at {report.epoch}")
+        check_mv(engine, spark, "agg", AGG, "t", report.epoch)
+
+    def copies():
+        return [keyed_copy_uri(f.uri) for f in engine.store.files_at(
+            rel, engine.committed_epoch) if f.kind == "base"]
+
+    epoch([{"id": k, "g": k % 4, "v": k} for k in range(2_000)])  # a load, folded
+    assert copies() and not any(wh.exists(c) for c in copies())
+    epoch([{"id": 1, "g": 1, "v": 1}], [{"id": 5}])  # reads the base whole, wants copies
+    assert not keyed_reads, "a lookup read through copies not yet written"
+    first = copies()
+    assert first and all(wh.exists(c) for c in first), first
+    epoch([{"id": 2, "g": 2, "v": 2}])
+    assert len(keyed_reads) == 1, keyed_reads
+    wh.rmtree(first[0])
+    engine.store._keyed_groups.clear()
+    epoch([{"id": k, "g": 9, "v": -k} for k in range(0, 2_000, 97)], [{"id": 7}])
+    assert len(keyed_reads) == 1, "a lookup read through a missing copy"
+    assert wh.exists(first[0]), "the lost copy was not written again"
+    epoch([{"id": 3, "g": 3, "v": 3}])
+    assert len(keyed_reads) == 2, keyed_reads
+    # fold again: the old base files and their copies are removed by vacuum
+    for n in range(6):
+        epoch([{"id": 10_000 + 100 * n + k, "g": 1, "v": k} for k in range(100)])
+    assert set(copies()).isdisjoint(first), "no fold"
+    epoch([{"id": 4, "g": 4, "v": 4}])
     engine.coordinator.retain_epochs = 0
     engine.coordinator.vacuum(engine.committed_epoch)
-    assert not any(wh.exists(c) for c in copies[1:]), "vacuum left keyed copies behind"
-    live = [f.keyed_uri for f in engine.store.files_at(rel, engine.committed_epoch)
-            if f.kind == "base"]
-    assert live and all(c is not None and wh.exists(c) for c in live)
-    assert all(KEYED_PREFIX in c for c in live if c)
+    assert not any(wh.exists(c) for c in first), "vacuum left keyed copies behind"
+    live = copies()
+    assert live and all(wh.exists(c) and KEYED_PREFIX in c for c in live), live
     assert_rows_equal(engine.read("t"), model.rows(), label="t after vacuum")
+
+
+def test_keyed_copies_on_an_object_store(spark, s3_warehouse, pg_url, monkeypatch):
+    """The copies are written and read through pyarrow's S3 filesystem on the
+    executors: lookups read through them and the MV stays exact."""
+    calls: list[int] = []
+    real = relation_store.RelationStore._read_keyed
+
+    def spy(store, rel, files, keys):
+        out = real(store, rel, files, keys)
+        calls.append(out is not None)
+        return out
+    monkeypatch.setattr(relation_store.RelationStore, "_read_keyed", spy)
+    with Engine(s3_warehouse, spark=spark, meta=pg_url) as engine:
+        _small_folds(engine)
+        engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+        engine.sql(f"CREATE MATERIALIZED VIEW agg AS {mv_sql(AGG, 't')}")
+        model = TableModel(["id", "g", "v"], key="id")
+        rows = [{"id": k, "g": k % 4, "v": k} for k in range(1_500)]
+        engine.insert("t", rows)
+        model.insert(rows)
+        model.step()
+        engine.step()
+        for n in range(3):
+            ups = [{"id": k, "g": n, "v": -k} for k in range(n, 1_600, 53)]
+            dels = [{"id": k} for k in range(n + 7, 1_500, 211)]
+            engine.insert("t", ups)
+            engine.delete("t", dels)
+            model.insert(ups)
+            model.delete(dels)
+            model.step()
+            report = engine.step()
+            assert_rows_equal(engine.read("t"), model.rows(), label=f"t at step {n}")
+            check_mv(engine, spark, "agg", AGG, "t", report.epoch)
+    assert any(calls), "no lookup read through keyed copies"

@@ -974,6 +974,10 @@ class EpochCoordinator:
                 self.store.compact(rel.stored, epoch, rel.row_count)
             elif due == "merge":
                 self.store.merge_log(rel.stored, epoch)
+        for rel in self.catalog.all():
+            # a lookup read this base whole: its keyed copies, for the next ones
+            if rel.stored.dir in self.store.copies_wanted and rel.id not in held:
+                self.store.write_keyed_copies(rel.stored, epoch)
         if epoch % self.vacuum_every == 0:
             self.vacuum(epoch)
 

@@ -355,6 +355,9 @@ class MetaStore:
         conn.execute("INSERT INTO kv(key, value) VALUES (?, ?) "
                      "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
+    def forget(self, conn: Conn, key: str) -> None:
+        conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+
     @property
     def committed_epoch(self) -> int:
         return int(self.get("committed_epoch", "0") or 0)

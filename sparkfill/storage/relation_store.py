@@ -26,15 +26,15 @@ Invariants:
   epoch that changes most of its rows may do the same in place of an append
   (``rewrite``): its rows at that epoch as its new base, its Δ not kept (only its
   operator reads it, in that epoch, from the Δ's plan).
-- A fold of a relation of at least ``keyed_copy_min_rows`` live rows, keyed by one
-  integer or string column, writes beside each base file its *keyed copy*
-  (``keyed-<name>``: the same rows sorted by key, in row groups of
-  ``keyed_group_rows``) before the commit, and names its folder with
-  ``KEYED_SUFFIX``: a lookup of a few keys reads the base through the copies, only
-  the row groups whose key range holds a key of the file's vnodes (the rest of a
-  read, and every scan, read the base files). A copy is derived data: one that
-  cannot be read makes the lookup read the base files, and vacuum removes it with
-  its file.
+- A base of at least ``keyed_copy_min_rows`` rows, of a relation keyed by one
+  integer or string column, gets *keyed copies* once a lookup of a few keys has read
+  it (``write_keyed_copies``, after the epoch commits): beside each base file, its
+  rows sorted by key in row groups of ``keyed_group_rows`` (``keyed-<name>``), and,
+  once all are written, the folder's copies recorded in the meta store. A lookup
+  then reads the base through them, only the row groups whose key range holds a key
+  of the file's vnodes (every other read, and every scan, reads the base files). A
+  copy is derived data: one that cannot be read makes the lookup read the base
+  files, and vacuum removes it with its file.
 - Every file written is registered as pending before Spark writes it, so a crash
   leaves nothing that recovery cannot find and remove.
 """
@@ -114,12 +114,13 @@ FILE_ROW_GROUPS = 10
 #: rows per row group of a keyed copy: a lookup of C random keys reads about C times
 #: this many rows (500: 3% of 16M rows for 1,000 keys), whatever the relation's size
 KEYED_GROUP_ROWS = 500
-#: a fold into a base of at least this many live rows writes keyed copies (below it,
-#: Spark's scan of the base costs less than the copies' job)
+#: a base of at least this many rows gets keyed copies when a lookup reads it (below
+#: it, Spark's scan of the base costs less than the copies' job)
 KEYED_COPY_MIN_ROWS = 500_000
-#: the end of a base folder's name whose files have keyed copies, and their prefix
-KEYED_SUFFIX = "-k"
+#: the prefix of a keyed copy's name (beside its base file)
 KEYED_PREFIX = "keyed-"
+#: the meta store's record that a base folder's files have keyed copies (+ its URI)
+KEYED_RECORD = "keyed_copies:"
 #: a log of at most this many rows that has too many files is merged into one log
 #: file on the driver (every row kept); a larger log is folded into base
 MERGE_LOG_ROWS = 100_000
@@ -217,11 +218,9 @@ class DataFile:
         return int(self.path.split("/", 2)[1][1:].split("-", 1)[0])
 
     @property
-    def keyed_uri(self) -> str | None:
-        """The URI of this base file's keyed copy (None: it has none)."""
-        if self.kind != "base" or not self.path.split("/", 2)[1].endswith(KEYED_SUFFIX):
-            return None
-        return keyed_copy_uri(self.uri)
+    def folder_uri(self) -> str:
+        """The URI of the folder that holds the file (a compaction's, an append's)."""
+        return self.uri.rpartition("/")[0]
 
     def may_hold(self, first_keys: Sequence[Any]) -> bool:
         """Whether a value of the sorted ``first_keys`` lies in this file's key range."""
@@ -318,6 +317,11 @@ class RelationStore:
         self.keyed_copy_min_rows = KEYED_COPY_MIN_ROWS
         #: rows per row group of a keyed copy
         self.keyed_group_rows = KEYED_GROUP_ROWS
+        #: the base folders known to have keyed copies (recorded in the meta store)
+        self._keyed_folders: set[str] = set()
+        #: the relations (by folder) whose base a lookup read without keyed copies
+        #: since the last ``write_keyed_copies``: the epoch's housekeeping writes them
+        self.copies_wanted: set[str] = set()
         #: each keyed copy's row groups as (first keys, last keys, rows), from its
         #: footer (files never change)
         self._keyed_groups: OrderedDict[str, tuple[list[Any], list[Any], list[int]]] = (
@@ -618,8 +622,12 @@ class RelationStore:
         groups whose key range holds one of them are read (and counted as read), by a
         ``mapInArrow`` task. None when a file has no keyed copy, the key's vnodes
         cannot be computed here, or a copy's footer cannot be read (the caller reads
-        the base files)."""
-        if not all(f.keyed_uri for f in files) or not keyable(rel):
+        the base files); the relation then wants copies, when its base is large."""
+        if not keyable(rel):
+            return None
+        if not all(self._has_copies(f.folder_uri) for f in files):
+            if sum(f.rows for f in files) >= self.keyed_copy_min_rows:
+                self.copies_wanted.add(rel.dir)
             return None
         try:
             wanted = sorted(set(keys))
@@ -637,13 +645,16 @@ class RelationStore:
             if lo == hi:
                 continue
             file_keys = sorted(k for _, k in by_vnode[lo:hi])
-            uri = f.keyed_uri
-            assert uri is not None
+            uri = keyed_copy_uri(f.uri)
             try:
                 firsts, lasts, counts = self._keyed_groups_of(rel, uri)
             except (OSError, ValueError, pa.ArrowException) as err:
-                _log.warning("%s: keyed copy %s unreadable (%s); reading the base files",
-                             rel.name, uri, err)
+                _log.warning("%s: keyed copy %s unreadable (%s); reading the base files, "
+                             "and writing the folder's copies again", rel.name, uri, err)
+                self._keyed_folders.discard(f.folder_uri)
+                with self.meta.transaction() as conn:
+                    self.meta.forget(conn, KEYED_RECORD + f.folder_uri)
+                self.copies_wanted.add(rel.dir)
                 return None
             # the copy is sorted by key: its row groups' ranges ascend, one per key
             found = (bisect.bisect_right(firsts, k) - 1 for k in file_keys)
@@ -1067,8 +1078,7 @@ class RelationStore:
         version = self.meta.version_at(rel.id, epoch)
         assert version is not None
         old_files = self.files(rel, version)
-        keyed = live_rows >= self.keyed_copy_min_rows and keyable(rel)
-        subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}{KEYED_SUFFIX if keyed else ''}"
+        subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
         # (and in files that are not small: about as many as a rewrite would make, or
         # of a quarter of the target each — a first fill sized by its upstream's rows;
         # a small Δ that was split by its upstream's size is rewritten, cheaply, into
@@ -1087,33 +1097,50 @@ class RelationStore:
             snap = (self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch))
                     .withColumn(OP, F.lit("+")))
             actions = self._write_files(rel, snap, subdir, live_rows)
-        if keyed:
-            self._write_keyed_copies(rel, [a.path for a in actions if isinstance(a, AddAction)])
         dt = self._table(rel)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
         return self._record_rewrite(rel, epoch, subdir, old_files)
 
-    def _write_keyed_copies(self, rel: StoredRelation, paths: Sequence[str]) -> None:
-        """Write the keyed copy of each new base file (``paths``, relative to the
-        table, in a folder already registered as pending), in one Spark job of
-        ``mapInArrow`` tasks."""
-        table_path = self.path(rel)
-        pairs = [(f"{table_path}/{p}", keyed_copy_uri(f"{table_path}/{p}")) for p in paths]
-        if not pairs:
-            return
+    def _has_copies(self, folder_uri: str) -> bool:
+        """Whether the base folder ``folder_uri``'s files have keyed copies."""
+        if folder_uri in self._keyed_folders:
+            return True
+        if self.meta.get(KEYED_RECORD + folder_uri) is None:
+            return False
+        self._keyed_folders.add(folder_uri)
+        return True
+
+    def write_keyed_copies(self, rel: StoredRelation, epoch: int) -> int:
+        """Write the keyed copies of ``rel``'s base files at committed ``epoch`` that
+        have none (one Spark job of ``mapInArrow`` tasks), then record their folders
+        in the meta store. A crash between leaves copies unrecorded: written again
+        next time, and removed with their files by vacuum either way. Returns the
+        copies written."""
+        self.copies_wanted.discard(rel.dir)
+        base = [f for f in self.files_at(rel, epoch)
+                if f.kind == "base" and not self._has_copies(f.folder_uri)]
+        if not base or not keyable(rel):
+            return 0
         writer = object_files.keyed_copy_writer(self.warehouse.storage_options, rel.key[0],
                                                 self.keyed_group_rows)
         object_files.ship_by_value()
-        self.spark.createDataFrame(pairs, "src string, dst string").mapInArrow(
+        self.spark.createDataFrame([(f.uri, keyed_copy_uri(f.uri)) for f in base],
+                                   "src string, dst string").mapInArrow(
             writer, object_files.KEYED_WRITTEN_SCHEMA).collect()
         self.spark_jobs += 1
+        folders = sorted({f.folder_uri for f in base})
+        with self.meta.transaction() as conn:
+            for folder in folders:
+                self.meta.put(conn, KEYED_RECORD + folder, "1")
+        self._keyed_folders.update(folders)
+        return len(base)
 
     def remove_file(self, rel: StoredRelation, path: str) -> None:
         """Remove a data file no version still read references (``path``: relative to
         the table), and its keyed copy."""
         uri = f"{self.path(rel)}/{path}"
         self.warehouse.rmtree(uri)
-        if path.startswith("base/") and path.split("/", 2)[1].endswith(KEYED_SUFFIX):
+        if path.startswith("base/"):
             self.warehouse.rmtree(keyed_copy_uri(uri))
 
     def _record_rewrite(self, rel: StoredRelation, epoch: int, subdir: str,
