@@ -486,6 +486,7 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
     keys = latest.selectExpr(*names_sql(key))
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
+    key_vnodes: list[tuple[int, Any]] | None = None
     known = _staged_first_keys(store.warehouse, files) if single else None
     if known is not None:
         # staged from the driver, which noted the keys in the files: no job to find
@@ -494,8 +495,9 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
         vnodes, first_keys = vnodes_of(known, key_type), known
     elif sum(b.rows for b in batches) <= LOOKUP_KEYS:
         found = keys.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
+        key_vnodes = [(int(r[0]), r[1]) for r in found if r[1] is not None]
         vnodes = sorted({int(r[0]) for r in found})
-        first_keys = sorted({r[1] for r in found if r[1] is not None})
+        first_keys = sorted({k for _, k in key_vnodes})
         store.spark_jobs += 1  # the touched keys' collect
     else:
         vnodes, first_keys = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key))), None
@@ -506,8 +508,14 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
         return store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
                             first_keys=first_keys, files=before).selectExpr(*names_sql(cols))
     store.spark_jobs += 1  # the broadcast of the keys
+    # a key of several columns: its first column's values, when known, filter the read
+    # (and let base files with keyed copies be read through them) before the join
+    where = (values_in(key[0], first_keys) if first_keys is not None
+             and len(first_keys) <= KEY_VALUES else None)
     return store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
-                          vnode_rows=False, files=before).join(
+                          vnode_rows=False, files=before, where=where,
+                          keys=first_keys if where is not None else None,
+                          key_vnodes=key_vnodes).join(
         F.broadcast(keys), key, "left_semi").selectExpr(*names_sql(cols))
 
 

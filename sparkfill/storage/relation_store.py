@@ -26,8 +26,8 @@ Invariants:
   epoch that changes most of its rows may do the same in place of an append
   (``rewrite``): its rows at that epoch as its new base, its Δ not kept (only its
   operator reads it, in that epoch, from the Δ's plan).
-- A base of at least ``keyed_copy_min_rows`` rows, of a relation keyed by one
-  integer or string column, gets *keyed copies* once a lookup of a few keys has read
+- A base of at least ``keyed_copy_min_rows`` rows, of a relation whose key's first
+  column is of an integer or string type, gets *keyed copies* once a lookup of a few keys has read
   it (``write_keyed_copies``, after the epoch commits): beside each base file, its
   rows sorted by key in row groups of ``keyed_group_rows`` (``keyed-<name>``), and,
   once all are written, the folder's copies recorded in the meta store. A lookup
@@ -134,10 +134,10 @@ IS_BEFORE = f"{OP} IN {BEFORE_OPS!r}"
 
 
 def keyable(rel: StoredRelation) -> bool:
-    """Whether ``rel``'s base files can have keyed copies: a key of one column whose
-    vnodes the driver computes (``vnode_each``)."""
-    return (len(rel.key) == 1
-            and normalize_type_name(rel.key_columns[0].type) in HASHED_KEY_WIDTHS)
+    """Whether ``rel``'s base files can have keyed copies: a key whose first column
+    is of an integer or string type (its values pruned by row-group statistics and
+    sent to the executors as JSON)."""
+    return bool(rel.key) and normalize_type_name(rel.key_columns[0].type) in HASHED_KEY_WIDTHS
 
 
 def keyed_copy_uri(uri: str) -> str:
@@ -530,6 +530,7 @@ class RelationStore:
         few: bool = False,
         bulk: bool = False,
         keys: Sequence[Any] | None = None,
+        key_vnodes: Sequence[tuple[int, Any]] | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -546,7 +547,8 @@ class RelationStore:
         the read's own job too. ``bulk``: the rows feed work in proportion to their
         number (a backfill's chunk): read in one task per file split, however few.
         ``keys``: the first-key values a lookup keeps (``where`` keeps no others): base
-        files with keyed copies are read through them (``_read_keyed``)."""
+        files with keyed copies are read through them (``_read_keyed``; ``key_vnodes``:
+        the vnode of each, which a key of several columns needs)."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = compaction_epoch(files)
         if first_keys is not None:
@@ -571,7 +573,8 @@ class RelationStore:
         out_cols = [*rel.column_names, VNODE]
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
-        keyed = self._read_keyed(rel, base, keys) if keys is not None and base else None
+        keyed = (self._read_keyed(rel, base, keys, key_vnodes)
+                 if keys is not None and base else None)
         base_rows = (keyed if keyed is not None
                      else self._read(rel, base, bulk, within)).where(cond)
         base_df = base_rows.selectExpr(*names_sql(out_cols))
@@ -615,14 +618,17 @@ class RelationStore:
             F.broadcast(keys.select(column)), column, "left_semi")
 
     def _read_keyed(self, rel: StoredRelation, files: Sequence[DataFile],
-                    keys: Sequence[Any]) -> DataFrame | None:
+                    keys: Sequence[Any],
+                    key_vnodes: Sequence[tuple[int, Any]] | None = None) -> DataFrame | None:
         """The rows of the base ``files`` whose first key column holds one of ``keys``
         (some rows of other keys too: the caller filters), read from their keyed
         copies: each file is given the keys of its vnodes, and only the copy's row
         groups whose key range holds one of them are read (and counted as read), by a
-        ``mapInArrow`` task. None when a file has no keyed copy, the key's vnodes
-        cannot be computed here, or a copy's footer cannot be read (the caller reads
-        the base files); the relation then wants copies, when its base is large."""
+        ``mapInArrow`` task. ``key_vnodes``: the (vnode, first-key value) of each key
+        looked up, which a key of several columns needs (a key of one is hashed
+        here). None when a file has no keyed copy, the keys' vnodes are not known,
+        or a copy's footer cannot be read (the caller reads the base files); the
+        relation then wants copies, when its base is large."""
         if not keyable(rel):
             return None
         if not all(self._has_copies(f.folder_uri) for f in files):
@@ -630,13 +636,18 @@ class RelationStore:
                 self.copies_wanted.add(rel.dir)
             return None
         try:
-            wanted = sorted(set(keys))
+            if key_vnodes is None:
+                if len(rel.key) > 1:
+                    return None
+                wanted = sorted(set(keys))
+                vnodes = vnode_each(wanted, rel.key_columns[0].type)
+                if vnodes is None:
+                    return None
+                by_vnode = sorted(zip(vnodes, wanted, strict=True))
+            else:
+                by_vnode = sorted(set(key_vnodes))
         except TypeError:
             return None
-        vnodes = vnode_each(wanted, rel.key_columns[0].type)
-        if vnodes is None:
-            return None
-        by_vnode = sorted(zip(vnodes, wanted, strict=True))
         work: list[tuple[str, list[int], str]] = []
         rows = 0
         for f in files:
@@ -644,7 +655,7 @@ class RelationStore:
             hi = bisect.bisect_left(by_vnode, (f.vnode_max + 1,))
             if lo == hi:
                 continue
-            file_keys = sorted(k for _, k in by_vnode[lo:hi])
+            file_keys = sorted({k for _, k in by_vnode[lo:hi]})
             uri = keyed_copy_uri(f.uri)
             try:
                 firsts, lasts, counts = self._keyed_groups_of(rel, uri)
@@ -656,10 +667,12 @@ class RelationStore:
                     self.meta.forget(conn, KEYED_RECORD + f.folder_uri)
                 self.copies_wanted.add(rel.dir)
                 return None
-            # the copy is sorted by key: its row groups' ranges ascend, one per key
-            found = (bisect.bisect_right(firsts, k) - 1 for k in file_keys)
-            groups = sorted({i for i, k in zip(found, file_keys, strict=True)
-                             if i >= 0 and k <= lasts[i]})
+            # the copy is sorted by its first key column: its row groups' ranges
+            # ascend, and the groups that hold a value are consecutive (several, when
+            # a key of several columns repeats the value across a group's end)
+            groups = sorted({i for k in file_keys
+                             for i in range(bisect.bisect_left(lasts, k),
+                                            bisect.bisect_right(firsts, k))})
             if groups:
                 rows += sum(counts[i] for i in groups)
                 work.append((uri, groups, json.dumps(file_keys)))
