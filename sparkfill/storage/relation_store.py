@@ -631,10 +631,6 @@ class RelationStore:
         relation then wants copies, when its base is large."""
         if not keyable(rel):
             return None
-        if not all(self._has_copies(f.folder_uri) for f in files):
-            if sum(f.rows for f in files) >= self.keyed_copy_min_rows:
-                self.copies_wanted.add(rel.dir)
-            return None
         try:
             if key_vnodes is None:
                 if len(rel.key) > 1:
@@ -647,6 +643,11 @@ class RelationStore:
             else:
                 by_vnode = sorted(set(key_vnodes))
         except TypeError:
+            return None
+        # (only a lookup that knows its keys' vnodes asks for copies)
+        if not all(self._has_copies(f.folder_uri) for f in files):
+            if sum(f.rows for f in files) >= self.keyed_copy_min_rows:
+                self.copies_wanted.add(rel.dir)
             return None
         work: list[tuple[str, list[int], str]] = []
         rows = 0
