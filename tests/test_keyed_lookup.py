@@ -43,7 +43,8 @@ def _small_folds(engine):
     store.min_compact_rows, store.log_fraction, store.max_log_files = 100, 0.25, 4
 
 
-@pytest.mark.parametrize("key_type", ["BIGINT", "STRING", "BIGINT, INT"])
+@pytest.mark.parametrize("key_type", ["BIGINT", pytest.param("STRING", marks=pytest.mark.extended),
+                                      "BIGINT, INT"])
 def test_lookups_through_keyed_copies_keep_the_table_and_its_mvs_exact(
         engine, spark, keyed_reads, key_type):
     """Random upserts and deletes of a few keys an epoch, over a table folded often
@@ -151,6 +152,7 @@ def test_copies_are_written_when_a_lookup_wants_them_and_rewritten_when_lost(
     assert_rows_equal(engine.read("t"), model.rows(), label="t after vacuum")
 
 
+@pytest.mark.extended
 def test_keyed_copies_on_an_object_store(spark, s3_warehouse, pg_url, monkeypatch):
     """The copies are written and read through pyarrow's S3 filesystem on the
     executors: lookups read through them and the MV stays exact."""

@@ -370,8 +370,7 @@ class DmlStager:
 
 def _batch_files(warehouse: Warehouse, b: StagedBatch) -> list[str]:
     """The ``part-*.parquet`` files of a batch staged by Spark (a directory)."""
-    parts = [uri for uri in warehouse.list(b.path)
-             if Warehouse.name_of(uri).startswith("part-") and uri.endswith(".parquet")]
+    parts = warehouse.part_files(b.path)
     if not parts:
         raise FileNotFoundError(f"staged DML batch {b.seq} ({b.rows} rows): no Parquet "
                                 f"file at {b.path}")

@@ -627,10 +627,11 @@ class RelationStore:
         ``mapInArrow`` task. ``key_vnodes``: the (vnode, first-key value) of each key
         looked up, which a key of several columns needs (a key of one is hashed
         here). None when a file has no keyed copy, the keys' vnodes are not known,
-        or a copy's footer cannot be read (the caller reads the base files); the
-        relation then wants copies, when its base is large."""
-        if not keyable(rel):
-            return None
+        or a copy's footer cannot be read, and for a base of fewer than
+        ``keyed_copy_min_rows`` rows (the caller reads the base files); a large base
+        without copies then wants them."""
+        if not keyable(rel) or sum(f.rows for f in files) < self.keyed_copy_min_rows:
+            return None  # (a small base is scanned: no meta-store query for it)
         try:
             if key_vnodes is None:
                 if len(rel.key) > 1:
@@ -646,8 +647,7 @@ class RelationStore:
             return None
         # (only a lookup that knows its keys' vnodes asks for copies)
         if not all(self._has_copies(f.folder_uri) for f in files):
-            if sum(f.rows for f in files) >= self.keyed_copy_min_rows:
-                self.copies_wanted.add(rel.dir)
+            self.copies_wanted.add(rel.dir)
             return None
         work: list[tuple[str, list[int], str]] = []
         rows = 0
@@ -1214,9 +1214,7 @@ class RelationStore:
                     values[name] = sorted({*values.get(name, ()), *value})
                 else:
                     values[name] = (values.get(name) or 0) + (value or 0)
-            sources += [(uri, Warehouse.name_of(uri)) for uri in self.warehouse.list(d)
-                        if Warehouse.name_of(uri).startswith("part-")
-                        and uri.endswith(".parquet")]
+            sources += [(uri, Warehouse.name_of(uri)) for uri in self.warehouse.part_files(d)]
         return self._link_files(rel, sources, subdir), _observed(values)
 
     def reset(self, rel: StoredRelation) -> int:

@@ -189,12 +189,9 @@ def write_parquet(df: DataFrame, warehouse: Warehouse, dir_uri: str,
             spark_writer = spark_writer.option("parquet.block.row.count.limit",
                                                str(row_group_rows))
         spark_writer.parquet(dir_uri)
-        written = []
-        for uri in warehouse.list(dir_uri):
-            name = Warehouse.name_of(uri)
-            if name.startswith("part-") and name.endswith(".parquet"):
-                written.append(WrittenFile(uri, warehouse.size(uri),
-                                           parquet_stats(warehouse, uri, stats_columns)))
+        written = [WrittenFile(uri, warehouse.size(uri),
+                               parquet_stats(warehouse, uri, stats_columns))
+                   for uri in warehouse.part_files(dir_uri)]
     else:
         from pyspark.sql.pandas.types import to_arrow_schema
 

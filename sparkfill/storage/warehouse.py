@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import shutil
@@ -186,6 +187,12 @@ class Warehouse:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted(f"{uri.rstrip('/')}/{info.base_name}" for info in infos)
+
+    def part_files(self, uri: str) -> builtins.list[str]:
+        """The ``part-*.parquet`` files right under ``uri``: what a Spark write (or
+        ``object_files.parquet_writer``) left there as its data, sorted."""
+        return [u for u in self.list(uri)
+                if Warehouse.name_of(u).startswith("part-") and u.endswith(".parquet")]
 
     def size(self, uri: str) -> int:
         return int(self.fs.get_file_info(self.fs_path(uri)).size or 0)
