@@ -20,6 +20,7 @@ import pytest
 import sparkfill.dataflow.aggregate as aggregate_mod
 import sparkfill.dataflow.join as join_mod
 import sparkfill.dataflow.keys as keys_mod
+import sparkfill.dataflow.mv as mv_mod
 import sparkfill.pipelines.coordinator as coordinator_mod
 import sparkfill.storage.dml as dml_mod
 import sparkfill.storage.relation_store as relation_store_mod
@@ -29,7 +30,7 @@ import sparkfill.storage.spark_files as spark_files_mod
 THRESHOLDS: dict[str, list[Any]] = {
     "SCAN_ROWS": [keys_mod, aggregate_mod, join_mod],
     "ONE_TASK_ROWS": [spark_files_mod, join_mod],
-    "LOCAL_WRITE_ROWS": [relation_store_mod, coordinator_mod],
+    "LOCAL_WRITE_ROWS": [relation_store_mod, coordinator_mod, mv_mod],
     "KEY_VALUES": [relation_store_mod, dml_mod],
     "MERGE_LOG_ROWS": [relation_store_mod],
     "LOOKUP_KEYS": [dml_mod],
@@ -54,7 +55,11 @@ def compact_often(eng: Any, rows: int = 40) -> None:
     groups of one file where Spark writes them locally, so reads of a few vnodes
     skip row groups; as files on object storage), and a relation whose rows sit in
     few vnodes (a global aggregate's state, a join on a constant key) leaves some of
-    those ranges empty."""
+    those ranges empty. A base of ``rows`` rows or more gets keyed copies, in row
+    groups of ``rows // 8`` rows, once a lookup wants them."""
     eng.store.max_log_files = 4
     eng.store.min_compact_rows = 2 * rows
     eng.store.target_file_rows = max(1, rows // 2)
+    # a base of ``rows`` rows gets keyed copies of a few rows per row group
+    eng.store.keyed_copy_min_rows = rows
+    eng.store.keyed_group_rows = max(2, rows // 8)

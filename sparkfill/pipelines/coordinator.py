@@ -638,6 +638,8 @@ class EpochCoordinator:
                     with self.store.reading_for(rel.name):
                         out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
                                                           created, choices)
+                if out is not None:
+                    cached.extend(out.cached)
                 if scans:
                     chunk_rows[rel.id] = sum(s.chunk_rows for s in scans)
                     for leaf, scan in enumerate(scans):
