@@ -75,10 +75,11 @@ _raise_after = False
 fired: list[str] = []
 #: frames of these files and functions are the generic layers: a point is named after
 #: the sparkfill function that called into them (a link's after ``_link_as_base`` or
-#: ``_link_prepared``, not their shared ``_link_files``)
+#: ``_link_prepared``, not their shared ``_link_files``; vacuum's removal after
+#: ``vacuum``, not ``RelationStore.remove_file``, which removes a file and its keyed copy)
 _GENERIC_FILES = ("storage/warehouse.py", "storage/spark_files.py", "contextlib.py",
                   os.path.basename(__file__))
-_GENERIC_FUNCS = {"transaction", "_link_files"}
+_GENERIC_FUNCS = {"transaction", "_link_files", "remove_file"}
 
 
 def parse_site(text: str | None) -> tuple[str, int] | None:
