@@ -204,14 +204,19 @@ def keyed_reader(storage_options: dict[str, str] | None, key_column: str,
                 column = rows.column(key_column)
                 rows = rows.filter(pc.is_in(column, value_set=pa.array(
                     json.loads(keys), type=column.type)))
-                if not rows.num_rows:
-                    continue
-                yield from pa.Table.from_arrays(
-                    [rows.column(f.name).cast(f.type) if f.name in held
-                     else pa.nulls(rows.num_rows, f.type) for f in target_schema],
-                    schema=target_schema).to_batches()
+                if rows.num_rows:
+                    yield from _conformed(rows, target_schema, held).to_batches()
 
     return read
+
+
+def _conformed(rows: Any, target: pa.Schema, held: set[str]) -> Any:
+    """``rows`` (a table or a record batch read from a file whose columns are
+    ``held``) as exactly ``target``: each column cast to its type, and NULL where the
+    file lacks it (added to its relation after the file was written)."""
+    return type(rows).from_arrays(
+        [rows.column(f.name).cast(f.type) if f.name in held else pa.nulls(rows.num_rows, f.type)
+         for f in target], schema=target)
 
 
 try:  # Spark's Python data source API (pyspark >= 4.0)
@@ -252,12 +257,7 @@ class _FilesReader(DataSourceReader):  # type: ignore[misc]
             held = set(parquet.schema_arrow.names)
             present = [c for c in self.columns if c in held]
             for batch in parquet.iter_batches(columns=present):
-                if batch.schema != target:
-                    batch = pa.RecordBatch.from_arrays(
-                        [batch.column(f.name).cast(f.type) if f.name in held
-                         else pa.nulls(batch.num_rows, f.type) for f in target],
-                        schema=target)
-                yield batch
+                yield batch if batch.schema == target else _conformed(batch, target, held)
 
 
 class _TextReader(DataSourceReader):  # type: ignore[misc]

@@ -1131,9 +1131,11 @@ class RelationStore:
         next time, and removed with their files by vacuum either way. Returns the
         copies written."""
         self.copies_wanted.discard(rel.dir)
+        if not keyable(rel):
+            return 0
         base = [f for f in self.files_at(rel, epoch)
                 if f.kind == "base" and not self._has_copies(f.folder_uri)]
-        if not base or not keyable(rel):
+        if not base:
             return 0
         writer = object_files.keyed_copy_writer(self.warehouse.storage_options, rel.key[0],
                                                 self.keyed_group_rows)
