@@ -21,13 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.error
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steady_bench as sb  # noqa: E402
 from backfill_bench import dml, with_clause  # noqa: E402
-from epoch_anatomy import job_seconds, session_with_status_api  # noqa: E402
+from epoch_anatomy import job_seconds, print_jobs, session_with_status_api  # noqa: E402
 
 from sparkfill import Engine  # noqa: E402
 
@@ -81,22 +80,7 @@ def main() -> int:
                   f"{len(jobs)} jobs {spent:.2f} s, outside {wall - spent:.2f} s, "
                   f"state {eng.progress(name).state}", flush=True)
             if not args.quiet_jobs:
-                for j in jobs:
-                    if not j.get("completionTime"):
-                        continue
-                    dur = job_seconds(j)
-                    print(f"  job {j['jobId']} {dur:.2f} s: {j['name'][:80]}")
-                    for sid in sorted(j["stageIds"]):
-                        try:
-                            s = api(f"stages/{sid}")[0]
-                        except urllib.error.HTTPError:  # skipped, or no longer retained
-                            continue
-                        if s["status"] == "COMPLETE":
-                            print(f"    stage {sid}: {s['numTasks']} tasks, run "
-                                  f"{s.get('executorRunTime', 0)} ms, input "
-                                  f"{s.get('inputRecords', 0):,} rows, shuffle read "
-                                  f"{s.get('shuffleReadRecords', 0):,}, written "
-                                  f"{s.get('outputRecords', 0):,}")
+                print_jobs(api, jobs)
             if eng.progress(name).state == "created":
                 break
         total = time.perf_counter() - t_create

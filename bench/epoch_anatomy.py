@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from datetime import datetime
@@ -98,6 +99,28 @@ def job_seconds(job: dict[str, Any]) -> float:
     return (at("completionTime") - at("submissionTime")).total_seconds()
 
 
+def print_jobs(api: Callable[[str], Any], jobs: list[dict[str, Any]]) -> None:
+    """Each finished job of ``jobs`` (from ``api("jobs")``) and its completed stages:
+    tasks, run time, input, shuffle read and written rows. A stage the status API no
+    longer holds (skipped, or past its retention) is left out."""
+    for j in jobs:
+        if not j.get("completionTime"):
+            continue
+        print(f"  job {j['jobId']} {job_seconds(j):.2f} s, {len(j['stageIds'])} stages: "
+              f"{j['name'][:80]}")
+        for sid in sorted(j["stageIds"]):
+            try:
+                s = api(f"stages/{sid}")[0]
+            except urllib.error.HTTPError:
+                continue
+            if s["status"] == "COMPLETE":
+                print(f"    stage {sid}: {s['numTasks']} tasks, run "
+                      f"{s.get('executorRunTime', 0)} ms, input "
+                      f"{s.get('inputRecords', 0):,} rows, shuffle read "
+                      f"{s.get('shuffleReadRecords', 0):,} rows, written "
+                      f"{s.get('outputRecords', 0):,}")
+
+
 def rule_executor(spark: SparkSession) -> Any:
     """Catalyst's rule executor object (its time per rule, summed over every plan)."""
     jvm = spark._jvm  # type: ignore[attr-defined]
@@ -154,17 +177,7 @@ def main() -> int:
             job_secs.append(spent)
             print(f"epoch {report.epoch}: step {wall:.2f} s, {len(jobs)} Spark jobs "
                   f"{spent:.2f} s, rows read {report.rows_read}")
-            for j in jobs:
-                dur = job_seconds(j)
-                print(f"  job {j['jobId']} {dur:.2f} s, {len(j['stageIds'])} stages: "
-                      f"{j['name'][:70]}")
-                for sid in sorted(j["stageIds"]):
-                    s = api(f"stages/{sid}")[0]
-                    if s["status"] == "COMPLETE":
-                        print(f"    stage {sid}: {s['numTasks']} tasks, run "
-                              f"{s.get('executorRunTime', 0)} ms, input "
-                              f"{s.get('inputRecords', 0):,} rows, shuffle read "
-                              f"{s.get('shuffleReadRecords', 0):,} rows")
+            print_jobs(api, jobs)
         n = args.epochs
         total_calls = sum(calls.calls.values())
         print(f"\nmedian step {statistics.median(walls):.2f} s; Spark jobs "

@@ -18,14 +18,13 @@ import argparse
 import sys
 import tempfile
 import time
-import urllib.error
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tpch  # noqa: E402
-from epoch_anatomy import job_seconds, session_with_status_api  # noqa: E402
+from epoch_anatomy import job_seconds, print_jobs, session_with_status_api  # noqa: E402
 
 from sparkfill import Engine  # noqa: E402
 
@@ -72,20 +71,7 @@ def main() -> int:
                   f"{spent:.2f} s, outside {wall - spent:.2f} s, rows read "
                   f"{report.rows_read}, {state}", flush=True)
             if n >= args.jobs_after:
-                for j in jobs:
-                    if not j.get("completionTime"):
-                        continue
-                    print(f"  job {j['jobId']} {job_seconds(j):.2f} s: {j['name'][:80]}")
-                    for sid in sorted(j["stageIds"]):
-                        try:
-                            s = api(f"stages/{sid}")[0]
-                        except urllib.error.HTTPError:  # skipped, or no longer retained
-                            continue
-                        if s["status"] == "COMPLETE":
-                            print(f"    stage {sid}: {s['numTasks']} tasks, run "
-                                  f"{s.get('executorRunTime', 0)} ms, input "
-                                  f"{s.get('inputRecords', 0):,}, shuffle read "
-                                  f"{s.get('shuffleReadRecords', 0):,}")
+                print_jobs(api, jobs)
             if state == "created":
                 break
         print(f"created in {time.perf_counter() - created:.1f} s")
