@@ -20,7 +20,7 @@ PROJ = "SELECT id, g, v * 2 AS v2 FROM {src} WHERE v % 3 <> 0"
 
 
 @pytest.fixture
-def keyed_reads(engine, monkeypatch):
+def keyed_reads(monkeypatch):
     """The base files each lookup read through keyed copies (``_read_keyed`` that did
     not fall back), and the rows it counted."""
     calls: list[tuple[int, int]] = []
@@ -34,6 +34,22 @@ def keyed_reads(engine, monkeypatch):
         return out
     monkeypatch.setattr(relation_store.RelationStore, "_read_keyed", spy)
     return calls
+
+
+def _epoch(engine, spark, model, mvs, ups, dels=()):
+    """One epoch of ``ups`` and ``dels`` to ``t``, in the engine and its model: then
+    ``t`` equals the model and each MV of ``mvs`` (name -> query) its batch query."""
+    engine.insert("t", ups)
+    if dels:
+        engine.delete("t", list(dels))
+    model.insert(ups)
+    model.delete(dels)
+    model.step()
+    report = engine.step()
+    assert_rows_equal(engine.read("t"), model.rows(), label=f"t at epoch {report.epoch}")
+    for name, sql in mvs.items():
+        check_mv(engine, spark, name, sql, "t", report.epoch)
+    return report
 
 
 def _small_folds(engine):
@@ -76,23 +92,11 @@ def test_lookups_through_keyed_copies_keep_the_table_and_its_mvs_exact(
     def row(k: int) -> dict:
         return {**key(k), "g": rng.randrange(5), "v": rng.randrange(1_000)}
 
-    first = [row(k) for k in range(3_000)]
-    engine.insert("t", first)
-    model.insert(first)
-    model.step()
-    engine.step()
-    for epoch in range(8):
-        ups = [row(rng.randrange(3_500)) for _ in range(40)]
-        dels = [key(rng.randrange(3_500)) for _ in range(10)]
-        engine.insert("t", ups)
-        engine.delete("t", dels)
-        model.insert(ups)
-        model.delete(dels)
-        model.step()
-        report = engine.step()
-        assert_rows_equal(engine.read("t"), model.rows(), label=f"t at step {epoch}")
-        for name, sql in (("agg", AGG), ("proj", PROJ)):
-            check_mv(engine, spark, name, sql, "t", report.epoch)
+    mvs = {"agg": AGG, "proj": PROJ}
+    _epoch(engine, spark, model, {}, [row(k) for k in range(3_000)])
+    for _ in range(8):
+        _epoch(engine, spark, model, mvs, [row(rng.randrange(3_500)) for _ in range(40)],
+               [key(rng.randrange(3_500)) for _ in range(10)])
     assert keyed_reads, "no lookup read through keyed copies"
     assert any(files > 1 for files, _ in keyed_reads), keyed_reads
     assert all(rows < 3_000 for _, rows in keyed_reads), keyed_reads
@@ -113,15 +117,7 @@ def test_copies_are_written_when_a_lookup_wants_them_and_rewritten_when_lost(
     rel = engine.catalog.get("t").stored
 
     def epoch(ups, dels=()):
-        engine.insert("t", ups)
-        if dels:
-            engine.delete("t", list(dels))
-        model.insert(ups)
-        model.delete(dels)
-        model.step()
-        report = engine.step()
-        assert_rows_equal(engine.read("t"), model.rows(), label=f"t at {report.epoch}")
-        check_mv(engine, spark, "agg", AGG, "t", report.epoch)
+        _epoch(engine, spark, model, {"agg": AGG}, ups, dels)
 
     def copies():
         return [keyed_copy_uri(f.uri) for f in engine.store.files_at(
@@ -156,36 +152,17 @@ def test_copies_are_written_when_a_lookup_wants_them_and_rewritten_when_lost(
 
 
 @pytest.mark.extended
-def test_keyed_copies_on_an_object_store(spark, s3_warehouse, pg_url, monkeypatch):
+def test_keyed_copies_on_an_object_store(spark, s3_warehouse, pg_url, keyed_reads):
     """The copies are written and read through pyarrow's S3 filesystem on the
     executors: lookups read through them and the MV stays exact."""
-    calls: list[int] = []
-    real = relation_store.RelationStore._read_keyed
-
-    def spy(store, rel, files, keys, *more):
-        out = real(store, rel, files, keys, *more)
-        calls.append(out is not None)
-        return out
-    monkeypatch.setattr(relation_store.RelationStore, "_read_keyed", spy)
     with Engine(s3_warehouse, spark=spark, meta=pg_url) as engine:
         _small_folds(engine)
         engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
         engine.sql(f"CREATE MATERIALIZED VIEW agg AS {mv_sql(AGG, 't')}")
         model = TableModel(["id", "g", "v"], key="id")
-        rows = [{"id": k, "g": k % 4, "v": k} for k in range(1_500)]
-        engine.insert("t", rows)
-        model.insert(rows)
-        model.step()
-        engine.step()
+        _epoch(engine, spark, model, {}, [{"id": k, "g": k % 4, "v": k} for k in range(1_500)])
         for n in range(3):
-            ups = [{"id": k, "g": n, "v": -k} for k in range(n, 1_600, 53)]
-            dels = [{"id": k} for k in range(n + 7, 1_500, 211)]
-            engine.insert("t", ups)
-            engine.delete("t", dels)
-            model.insert(ups)
-            model.delete(dels)
-            model.step()
-            report = engine.step()
-            assert_rows_equal(engine.read("t"), model.rows(), label=f"t at step {n}")
-            check_mv(engine, spark, "agg", AGG, "t", report.epoch)
-    assert any(calls), "no lookup read through keyed copies"
+            _epoch(engine, spark, model, {"agg": AGG},
+                   [{"id": k, "g": n, "v": -k} for k in range(n, 1_600, 53)],
+                   [{"id": k} for k in range(n + 7, 1_500, 211)])
+    assert keyed_reads, "no lookup read through keyed copies"
