@@ -9,7 +9,7 @@ Spark jobs and the ratio B ÷ A.
 
 Usage:
     python bench/conf_ab.py KEY A_VALUE B_VALUE [--rows 4000000] [--changes 1000]
-        [--pairs 5]
+        [--pairs 5] [--set OTHER_KEY=VALUE ...] [--b-set B_KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -40,8 +40,17 @@ def main() -> int:
     parser.add_argument("--changes", type=int, default=1_000)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting both sides run with")
+    parser.add_argument("--b-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a further setting side B runs with (side A: the session's)")
     args = parser.parse_args()
     spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g")
+    for setting in args.set:
+        key, _, value = setting.partition("=")
+        spark.conf.set(key, value)
+    b_only = dict(s.partition("=")[::2] for s in args.b_set)
+    a_values = {k: spark.conf.get(k, None) for k in b_only}
     jobs = sb.JobCounter(spark.sparkContext)
     work = Path(tempfile.mkdtemp(prefix="conf-ab-"))
     try:
@@ -54,6 +63,13 @@ def main() -> int:
         for i in range(2 * (args.warmup + args.pairs)):
             side = "AB"[i % 2]
             spark.conf.set(args.key, args.a if side == "A" else args.b)
+            for key, value in b_only.items():
+                if side == "B":
+                    spark.conf.set(key, value)
+                elif a_values[key] is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, a_values[key])
             upserts, deletes = keys.changes(args.changes)
             eng.insert("t", upserts)
             eng.delete("t", deletes)

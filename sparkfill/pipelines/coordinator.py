@@ -65,9 +65,10 @@ from ..session import default_parallelism_of
 from ..storage.catalog import Catalog, Relation
 from ..storage.dml import DmlStager, table_delta
 from ..storage.keyrange import END
-from ..storage.meta_store import AfterCommit, EpochCommit, MetaStore, ProgressRow
+from ..storage.meta_store import AfterCommit, EpochCommit, MetaStore, ProgressRow, StagedBatch
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore, retracts
 from ..storage.schema import VNODE, names_sql
+from .codegen import INTERPRETED_ROWS, Interpreted
 from .cost import linear_cost, sizes_differ
 from .failures import (
     FAILED_KEY,
@@ -545,6 +546,21 @@ class EpochCoordinator:
     # --- execution ------------------------------------------------------------------------
 
     def execute(self, plan: dict[str, Any]) -> EpochReport:
+        with Interpreted(self.spark) as codegen:  # the session's settings back, always
+            return self._execute_epoch(plan, codegen)
+
+    def _small_epoch(self, plan: dict[str, Any], batches: Sequence[StagedBatch]) -> bool:
+        """Whether the epoch's work is small: fewer than ``INTERPRETED_ROWS`` staged rows,
+        and no bulk work — no MV creating (a backfill chunk, a snapshot job's thread),
+        no recompute, switch or swap, no MV refreshed by recompute every epoch."""
+        return (sum(b.rows for b in batches) < INTERPRETED_ROWS
+                and not (plan.get("recompute") or plan.get("switch") or plan.get("swap"))
+                and not self.snapshots.threads
+                and all(r.state == "created" and (r.options is None
+                                                  or r.options.refresh != FULL)
+                        for r in self.catalog.all() if r.kind == "mv"))
+
+    def _execute_epoch(self, plan: dict[str, Any], codegen: Interpreted) -> EpochReport:
         started = time.time()
         epoch = int(plan["epoch"])
         if plan.get("switch") or plan.get("swap"):
@@ -554,8 +570,11 @@ class EpochCoordinator:
         self.store.rows_read.clear()
         jobs_before = self.store.spark_jobs
 
-        # phase 1: inputs — the staged DML the plan pinned
+        # phase 1: inputs — the staged DML the plan pinned; a small epoch's queries are
+        # interpreted, not compiled (``codegen.py``), up to its commit
         batches = self.meta.staged(int(plan["dml_upto"]))
+        if self._small_epoch(plan, batches):
+            codegen.interpret()
         by_table: dict[int, list[Any]] = defaultdict(list)
         for b in batches:
             by_table[b.rel_id].append(b)
@@ -708,9 +727,11 @@ class EpochCoordinator:
                  and self.catalog.find_by_id(i) is not None})} if failures else {}),
         ))
 
-        # phase 4: release the epoch's backfill chunks; housekeeping. The epoch is
-        # committed: from here a failure is logged and left for a later epoch (the
-        # applied DML files, compaction, vacuum), never raised
+        # phase 4: release the epoch's backfill chunks; housekeeping (under the
+        # session's own settings: a fold is bulk work). The epoch is committed: from
+        # here a failure is logged and left for a later epoch (the applied DML files,
+        # compaction, vacuum), never raised
+        codegen.restore()
         warnings: list[str] = []
         self.catalog.reload()
         self.last_rows_read = dict(self.store.rows_read)

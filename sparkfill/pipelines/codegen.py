@@ -1,0 +1,67 @@
+"""Code generation by the epoch's size: a small epoch's queries are interpreted.
+
+Spark compiles each query's plan to Java (whole-stage code generation, and a class
+per projection and predicate) before it runs it. That pays for itself over millions
+of rows, and costs more than it saves over the few thousand rows a steady epoch's
+queries touch: an epoch builds new plans every time, and generating and compiling
+their code is about a fifth of its time (bench/RESULTS.md, stop 54).
+
+Invariant: while ``Interpreted.interpret`` is in effect, the session runs with
+``INTERPRETED_CONF``; ``restore`` (and leaving the ``with`` block, on success or
+error) puts back each setting's value as it was, so the session's own settings,
+and any other epoch, are never changed. Results are the same either way: Spark
+keeps its interpreted and its generated paths equal.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from pyspark.sql import SparkSession
+
+from .refresh import MIN_FULL_ROWS
+
+__all__ = ["INTERPRETED_CONF", "INTERPRETED_ROWS", "Interpreted"]
+
+#: the settings under which Spark interprets a plan instead of compiling it
+INTERPRETED_CONF: dict[str, str] = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+#: an epoch whose staged input holds fewer rows than this (and that runs no bulk
+#: work: no backfill, recompute or switch) is interpreted; below it, ``refresh =
+#: 'auto'`` never chooses a recompute either
+INTERPRETED_ROWS = MIN_FULL_ROWS
+
+
+class Interpreted:
+    """The settings of one epoch: ``interpret()`` sets ``INTERPRETED_CONF`` on the
+    session, ``restore()`` (idempotent) puts back what was there."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self._saved: dict[str, str | None] | None = None
+
+    def interpret(self) -> None:
+        if self._saved is not None:
+            return
+        saved: dict[str, str | None] = {}
+        for key, value in INTERPRETED_CONF.items():
+            saved[key] = self.spark.conf.get(key, None)
+            self._saved = saved  # from the first change on, restore undoes it
+            self.spark.conf.set(key, value)
+
+    def restore(self) -> None:
+        saved, self._saved = self._saved, None
+        for key, value in (saved or {}).items():
+            if value is None:
+                self.spark.conf.unset(key)
+            else:
+                self.spark.conf.set(key, value)
+
+    def __enter__(self) -> Interpreted:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.restore()
