@@ -15,7 +15,7 @@ Loads the steady benchmark's tables and MVs (``steady_bench``: ``t`` of N rows, 
 
 Classic sessions only (it reads the Spark UI and Py4J). Usage:
     python bench/epoch_anatomy.py [--rows 1000000] [--changes 1000] [--epochs 3]
-        [--profile N]
+        [--profile N] [--rules] [--phases]
 """
 
 from __future__ import annotations
@@ -75,6 +75,47 @@ class Py4jCalls:
                 counter.seconds[where] += time.perf_counter() - t0
 
         py4j_cs.ClientServerConnection.send_command = send_command  # type: ignore[method-assign]
+
+
+class QueryPhases:
+    """Times each Arrow collect of the engine (``toArrow``: every append's write of a
+    small Δ goes through one) in its phases — the JVM's optimization and physical
+    planning of its plan, then its execution (code generation, broadcasts, jobs) —
+    by the sparkfill line that made it."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+        self.seconds: dict[str, list[tuple[float, float, float]]] = collections.defaultdict(list)
+        self.active = False
+        original = ClassicFrame.toArrow
+        phases = self
+
+        def to_arrow(df: Any) -> Any:
+            if not phases.active:
+                return original(df)
+            where = next((f"{f.filename.split('/sparkfill/')[-1]}:{f.lineno}"
+                          for f in reversed(traceback.extract_stack(limit=40))
+                          if "/sparkfill/" in f.filename), "?")
+            qe = df._jdf.queryExecution()
+            qe.analyzed()
+            t0 = time.perf_counter()
+            qe.optimizedPlan()
+            t1 = time.perf_counter()
+            qe.executedPlan()
+            t2 = time.perf_counter()
+            out = original(df)
+            phases.seconds[where].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+            return out
+
+        ClassicFrame.toArrow = to_arrow  # type: ignore[method-assign]
+
+    def report(self, epochs: int) -> None:
+        print("\nArrow collects per epoch (median seconds: optimize / plan / execute):")
+        for where, runs in sorted(self.seconds.items()):
+            medians = [statistics.median(r[k] for r in runs) for k in range(3)]
+            print(f"  {len(runs) / epochs:4.1f} x  {medians[0]:.3f} / {medians[1]:.3f} / "
+                  f"{medians[2]:.3f}  {where}")
 
 
 def session_with_status_api() -> tuple[SparkSession, Callable[[str], Any]]:
@@ -138,12 +179,16 @@ def main() -> int:
     parser.add_argument("--rules", action="store_true",
                         help="also print Catalyst's time per rule over the timed epochs "
                         "(analysis and optimization of every plan the driver builds)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time each Arrow collect's optimization, planning and "
+                        "execution in the timed epochs")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
     spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="anatomy-"))
     eng = Engine(work / "warehouse", spark=spark)
     calls = Py4jCalls()
+    phases = QueryPhases() if args.phases else None
     keys = sb.Keys(args.rows, random.Random(7))
     try:
         sb.load(eng, spark, args.rows, list(sb.MVS), with_d=True)
@@ -160,12 +205,16 @@ def main() -> int:
                 rule_executor(spark).resetMetrics()
             if profiling:
                 profile.enable()
+            if phases is not None:
+                phases.active = i in timed
             t0 = time.perf_counter()
             report = eng.step()
             wall = time.perf_counter() - t0
             if profiling:
                 profile.disable()
             calls.active = False
+            if phases is not None:
+                phases.active = False
             if i not in timed:
                 continue
             time.sleep(1.0)  # the status store catches up
@@ -188,6 +237,8 @@ def main() -> int:
               "blocking job calls included)")
         for where, k in calls.calls.most_common(20):
             print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
+        if phases is not None:
+            phases.report(n)
         if args.rules:
             print("\nCatalyst over the timed epochs (and the counted ones after them):")
             print(rule_executor(spark).dumpTimeSpent())
