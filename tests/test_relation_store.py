@@ -596,7 +596,7 @@ def test_a_read_of_immutable_files_is_built_once_and_reused(spark, tmp_path: Pat
     assert read_parquet(spark, wh, schema, files) is not first
     # bounded: the least recently used read is dropped first
     spark_files._reads.clear()
-    monkeypatch.setattr(spark_files, "READ_CACHE_SIZE", 3)
+    monkeypatch.setattr(spark_files._reads, "limit", 3)
     kept = read_parquet(spark, wh, schema, files, immutable=True)
     one = read_parquet(spark, wh, schema, files[:1], immutable=True)
     read_parquet(spark, wh, schema, files[1:], immutable=True)
@@ -605,3 +605,20 @@ def test_a_read_of_immutable_files_is_built_once_and_reused(spark, tmp_path: Pat
     assert len(spark_files._reads) == 3
     assert read_parquet(spark, wh, schema, files, immutable=True) is kept
     assert read_parquet(spark, wh, schema, files[:1], immutable=True) is not one
+
+
+def test_lru_cache_keeps_the_most_recently_used():
+    """The footer and file-list caches' bound: a read makes an entry recent, a put
+    beyond the limit forgets the least recently used, a built value is held."""
+    from sparkfill.storage.lru import LruCache
+
+    cache: LruCache[str, list[int]] = LruCache(2)
+    cache.put("a", [1])
+    cache.put("b", [])
+    assert cache.get("a") == [1]  # "a" is now the most recent
+    cache.put("c", [3])
+    assert cache.get("b") is None and cache.get("a") == [1] and len(cache) == 2
+    built: list[str] = []
+    assert cache.get_or_build("d", lambda: built.append("d") or [4]) == [4]
+    assert cache.get_or_build("d", lambda: built.append("again") or [5]) == [4]
+    assert built == ["d"] and cache.get("c") is None

@@ -47,7 +47,7 @@ import logging
 import math
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,6 +67,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from ..errors import DamagedFile
 from . import object_files
 from .keyrange import Position, gt, values_in, vnode_in
+from .lru import LruCache
 from .meta_store import MetaStore
 from .object_files import arrow_file_stats
 from .schema import (
@@ -324,12 +325,12 @@ class RelationStore:
         self.copies_wanted: set[str] = set()
         #: each keyed copy's row groups as (first keys, last keys, rows), from its
         #: footer (files never change)
-        self._keyed_groups: OrderedDict[str, tuple[list[Any], list[Any], list[int]]] = (
-            OrderedDict())
-        self._files_cache: OrderedDict[tuple[str, int], list[DataFile]] = OrderedDict()
+        self._keyed_groups: LruCache[str, tuple[list[Any], list[Any], list[int]]] = (
+            LruCache(4096))
+        self._files_cache: LruCache[tuple[str, int], list[DataFile]] = LruCache(256)
         #: the (rows, first vnode, last vnode) of each row group of the files of more
         #: than one, from their footers (files never change)
-        self._row_groups: OrderedDict[str, tuple[tuple[int, int, int], ...]] = OrderedDict()
+        self._row_groups: LruCache[str, tuple[tuple[int, int, int], ...]] = LruCache(4096)
         #: each relation's table as last opened at its latest version, brought up to
         #: date (its new log entries read) when used again: opening a table reads its
         #: checkpoint and log, which an epoch would do ~10-20 times
@@ -401,7 +402,6 @@ class RelationStore:
         cache_key = (rel.dir, version)
         cached = self._files_cache.get(cache_key)
         if cached is not None:
-            self._files_cache.move_to_end(cache_key)
             return cached
         table_path = self.path(rel)
         dt = self._table(rel, version)
@@ -423,10 +423,7 @@ class RelationStore:
             for a in actions
         ]
         files.sort(key=lambda f: (f.kind, f.vnode_min, f.path))
-        self._files_cache[cache_key] = files
-        while len(self._files_cache) > 256:
-            self._files_cache.popitem(last=False)
-        return files
+        return self._files_cache.put(cache_key, files)
 
     def files_at(self, rel: StoredRelation, epoch: int) -> list[DataFile]:
         version = self.meta.version_at(rel.id, epoch)
@@ -509,11 +506,8 @@ class RelationStore:
         by their statistics); all of them for a file of one row group."""
         if within is None or not self._grouped(f):
             return f.rows
-        groups = self._row_groups.get(f.uri)
-        if groups is None:
-            groups = self._row_groups[f.uri] = row_group_ranges(self.warehouse, f.uri, VNODE)
-            while len(self._row_groups) > 4096:
-                self._row_groups.popitem(last=False)
+        groups = self._row_groups.get_or_build(
+            f.uri, lambda: row_group_ranges(self.warehouse, f.uri, VNODE))
         return sum(n for n, lo, hi in groups if within.overlaps(lo, hi))
 
     def snapshot(
@@ -694,7 +688,6 @@ class RelationStore:
         statistics."""
         found = self._keyed_groups.get(uri)
         if found is not None:
-            self._keyed_groups.move_to_end(uri)
             return found
         md = self.warehouse.parquet_metadata(uri)
         idx = [md.schema.column(i).name for i in range(md.num_columns)].index(rel.key[0])
@@ -706,10 +699,7 @@ class RelationStore:
             firsts.append(st.min)
             lasts.append(st.max)
             counts.append(md.row_group(rg).num_rows)
-        found = self._keyed_groups[uri] = (firsts, lasts, counts)
-        while len(self._keyed_groups) > 4096:
-            self._keyed_groups.popitem(last=False)
-        return found
+        return self._keyed_groups.put(uri, (firsts, lasts, counts))
 
     def changelog(self, rel: StoredRelation, after_epoch: int, upto_epoch: int) -> DataFrame:
         """Log rows with ``after_epoch < _epoch <= upto_epoch`` (the log store)."""

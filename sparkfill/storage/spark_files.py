@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from . import object_files
+from .lru import LruCache
 from .warehouse import Warehouse
 
 __all__ = ["WrittenFile", "read_parquet", "read_texts", "write_parquet", "parquet_stats",
@@ -52,12 +53,13 @@ class WrittenFile:
 _registered: dict[int, SparkSession] = {}
 #: the reads of immutable files (``read_parquet(..., immutable=True)``), least recently
 #: used first: a frame is a plan, not data, so holding one holds no rows
-_reads: dict[tuple[int, str, tuple[str, ...]], tuple[SparkSession, DataFrame]] = {}
 READ_CACHE_SIZE = 512
+_reads: LruCache[tuple[int, str, tuple[str, ...]], tuple[SparkSession, DataFrame]] = (
+    LruCache(READ_CACHE_SIZE))
 EMPTY_CACHE_SIZE = 256
 #: the empty frames built per session and schema (``empty_frame``): a frame is
 #: immutable, and building one costs a classic session about 35 Py4J round trips
-_empty: dict[tuple[int, str], tuple[SparkSession, DataFrame]] = {}
+_empty: LruCache[tuple[int, str], tuple[SparkSession, DataFrame]] = LruCache(EMPTY_CACHE_SIZE)
 #: characters a Hadoop path glob gives a meaning to: a list of files naming one is
 #: passed to Spark file by file
 _GLOB_CHARS = frozenset("*?[]{}\\,^")
@@ -86,20 +88,16 @@ def empty_frame(spark: SparkSession, schema: T.StructType) -> DataFrame:
     frame of a classic session is a scan of an RDD, which Spark cannot see through).
     Built once per session and schema."""
     return _held(_empty, (id(spark), schema.json()), spark,
-                 lambda: spark.createDataFrame([], schema).limit(0), EMPTY_CACHE_SIZE)
+                 lambda: spark.createDataFrame([], schema).limit(0))
 
 
-def _held(cache: dict[Any, tuple[SparkSession, DataFrame]], key: Any, spark: SparkSession,
-          build: Callable[[], DataFrame], limit: int) -> DataFrame:
+def _held(cache: LruCache[Any, tuple[SparkSession, DataFrame]], key: Any, spark: SparkSession,
+          build: Callable[[], DataFrame]) -> DataFrame:
     """The frame ``cache`` holds for ``key`` in ``spark`` (``key`` starts with its
-    id), built by ``build`` when absent or held for another session of that id; the
-    cache keeps the ``limit`` most recently used, least recently used first."""
-    held = cache.pop(key, None)
+    id), built by ``build`` when absent or held for another session of that id."""
+    held = cache.get(key)
     if held is None or held[0] is not spark:
-        if len(cache) >= limit:
-            cache.pop(next(iter(cache)))
-        held = (spark, build())
-    cache[key] = held
+        held = cache.put(key, (spark, build()))
     return held[1]
 
 
@@ -138,7 +136,7 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
         df = _read_files(spark, warehouse, schema, uris)
     else:
         df = _held(_reads, (id(spark), schema.json(), tuple(uris)), spark,
-                   lambda: _read_files(spark, warehouse, schema, uris), READ_CACHE_SIZE)
+                   lambda: _read_files(spark, warehouse, schema, uris))
     return df.coalesce(1) if rows is not None and rows <= ONE_TASK_ROWS else df
 
 
