@@ -165,13 +165,14 @@ class EpochAppends:
         self.deferred.append((rel, delta))
 
     def flush(self) -> None:
-        """Append the deferred Δs: their rows come to the driver in one Spark job."""
+        """Append the deferred Δs: their rows come to the driver in one Spark job.
+        Nothing reads them back this epoch (they waited because nothing does), so
+        ``deltas`` does not take them."""
         items, self.deferred = self.deferred, []
         written = self.store.append_many([(rel.stored, delta) for rel, delta in items],
                                          self.epoch)
         for (rel, _), out in zip(items, written, strict=True):
             if out is not None:
-                self.deltas[rel.id] = out.delta
                 self.counts[rel.id] = out.counts
                 self.versions[rel.id] = out.version
 

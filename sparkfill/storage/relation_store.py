@@ -48,9 +48,10 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -252,11 +253,16 @@ class Appended:
     holds it, what its write observed of its rows (``Observed``: rows per ``_op``,
     the vnodes it touched, the first key column's distinct values and their count,
     when asked for), and the changelog read back from its files (columns,
-    ``_vnode``, ``_op``)."""
+    ``_vnode``, ``_op``), built when first asked for: a Δ nothing reads this epoch
+    (an MV's, appended with the epoch's flush) costs no frame."""
 
     version: int
     observed: Observed
-    delta: DataFrame
+    read_back: Callable[[], DataFrame] = field(repr=False, compare=False)
+
+    @cached_property
+    def delta(self) -> DataFrame:
+        return self.read_back()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -945,8 +951,9 @@ class RelationStore:
         )
         self.meta.remove_pending_dir(out)
         files = [f"{table_path}/{a.path}" for a in actions if isinstance(a, AddAction)]
+        rows = sum(counts.values())
         return Appended(self._committed_version(rel), observed,
-                        self._read_delta(rel, files, sum(counts.values())))
+                        lambda: self._read_delta(rel, files, rows))
 
     def _appended(self, rel: StoredRelation, epoch: int, version: int,
                   collect_keys: bool) -> Appended | None:
@@ -959,7 +966,7 @@ class RelationStore:
         key = rel.key[0] if collect_keys else None
         stats = delta.agg(*delta_metrics(key, key)).collect()[0].asDict()
         self.spark_jobs += 1
-        return Appended(version, _observed(stats), delta)
+        return Appended(version, _observed(stats), lambda: delta)
 
     def _read_delta(self, rel: StoredRelation, uris: Sequence[str], rows: int) -> DataFrame:
         """A written changelog of ``rows`` rows read back from its files (not counted as
