@@ -991,16 +991,15 @@ class EpochCoordinator:
         for rel in self.catalog.all():
             if rel.id in held:
                 continue  # a snapshot job reads its log or writes it as of earlier epochs
-            if rel.id not in appended:
-                continue
-            due = self.store.compaction_due(rel.stored, epoch)
-            if due == "fold":
-                self.store.compact(rel.stored, epoch, rel.row_count)
-            elif due == "merge":
-                self.store.merge_log(rel.stored, epoch)
-        for rel in self.catalog.all():
-            # a lookup read this base whole: its keyed copies, for the next ones
-            if rel.stored.dir in self.store.copies_wanted and rel.id not in held:
+            if rel.id in appended:
+                due = self.store.compaction_due(rel.stored, epoch)
+                if due == "fold":
+                    self.store.compact(rel.stored, epoch, rel.row_count)
+                elif due == "merge":
+                    self.store.merge_log(rel.stored, epoch)
+            if rel.stored.dir in self.store.copies_wanted:
+                # a lookup read this base whole: its keyed copies (of the base as it is
+                # after a fold above), for the next ones
                 self.store.write_keyed_copies(rel.stored, epoch)
         if epoch % self.vacuum_every == 0:
             self.vacuum(epoch)
