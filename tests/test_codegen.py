@@ -113,3 +113,42 @@ def test_a_failed_small_epoch_leaves_the_session_settings(engine, spark, compile
     report = engine.step()
     assert _settings(spark) == COMPILED
     check_mv(engine, spark, "agg", AGG, "t", report.epoch)
+
+
+def test_an_epoch_error_is_not_hidden_by_a_session_that_cannot_restore():
+    """When the epoch failed and the session cannot take its settings back (it is
+    gone), the epoch's own error is the one raised; without an epoch error, the
+    restore's own error is raised."""
+    from sparkfill.pipelines.codegen import Interpreted
+
+    class Conf:
+        def __init__(self):
+            self.values: dict[str, str] = {}
+            self.broken = False
+
+        def get(self, key, default=None):
+            return self.values.get(key, default)
+
+        def set(self, key, value):
+            if self.broken:
+                raise ConnectionError("session gone")
+            self.values[key] = value
+
+        def unset(self, key):
+            self.set(key, None)
+
+    class Session:
+        conf = Conf()
+
+    session = Session()
+    with pytest.raises(ValueError, match="the epoch's error"):
+        with Interpreted(session) as codegen:
+            codegen.interpret()
+            assert session.conf.values == INTERPRETED_CONF
+            session.conf.broken = True
+            raise ValueError("the epoch's error")
+    with pytest.raises(ConnectionError):
+        with Interpreted(session) as codegen:
+            session.conf.broken = False
+            codegen.interpret()
+            session.conf.broken = True

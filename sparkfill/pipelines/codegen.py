@@ -15,6 +15,7 @@ keeps its interpreted and its generated paths equal.
 
 from __future__ import annotations
 
+import logging
 from types import TracebackType
 
 from pyspark.sql import SparkSession
@@ -22,6 +23,8 @@ from pyspark.sql import SparkSession
 from .refresh import MIN_FULL_ROWS
 
 __all__ = ["INTERPRETED_CONF", "INTERPRETED_ROWS", "Interpreted"]
+
+LOG = logging.getLogger(__name__)
 
 #: the settings under which Spark interprets a plan instead of compiling it
 INTERPRETED_CONF: dict[str, str] = {
@@ -64,4 +67,11 @@ class Interpreted:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.restore()
+        if exc is None:
+            self.restore()
+            return
+        try:  # the epoch's own error is the one to report (a session gone fails here too)
+            self.restore()
+        except Exception as also:  # noqa: BLE001
+            LOG.warning("could not put the session's code-generation settings back after "
+                        "a failed epoch: %s", also)
