@@ -355,6 +355,9 @@ def steady(args: argparse.Namespace, spark: SparkSession, jobs: JobCounter,
 class PeerResult:
     n: int
     batches: int
+    #: batches each side takes before the measured ones (a new JVM's first minute is
+    #: mostly its JIT compiling Spark's code)
+    warmup: int = WARMUP_EPOCHS
     sf_load_s: float = math.nan
     sf_create_s: float = math.nan
     sf_steps: list[float] = field(default_factory=list)
@@ -372,7 +375,7 @@ def peer_batches(args: argparse.Namespace, n: int) -> list[list[Row]]:
     """The insert-only batches both sides take: PEER_CHANGES new ids each."""
     keys = Keys(n, random.Random(args.seed + 1))
     return [[keys.row(i) for i in keys.new_ids(PEER_CHANGES)]
-            for _ in range(WARMUP_EPOCHS + args.epochs)]
+            for _ in range(args.peer_warmup + args.epochs)]
 
 
 def peer_sparkfill(spark: SparkSession, jobs: JobCounter, res: PeerResult,
@@ -387,9 +390,9 @@ def peer_sparkfill(spark: SparkSession, jobs: JobCounter, res: PeerResult,
             eng.insert("t", rows)
             report, counted, wall = step(eng, jobs)
             log(f"  peer sparkfill epoch {report.epoch}"
-                f"{' (warm-up)' if i < WARMUP_EPOCHS else ''}: {wall:.2f}s, "
+                f"{' (warm-up)' if i < res.warmup else ''}: {wall:.2f}s, "
                 f"jobs {counted}, rows read {report.rows_read}")
-            if i >= WARMUP_EPOCHS:
+            if i >= res.warmup:
                 res.sf_steps.append(wall)
                 res.sf_jobs.append(counted)
         res.sf_exact = exactness(eng, ["agg"])["agg"]
@@ -455,11 +458,11 @@ def peer_streaming(spark: SparkSession, res: PeerResult, batches: list[list[Row]
             one = (progress.get("batchId") == last_id + 1
                    and progress.get("numInputRows") == len(rows))
             last_id = progress.get("batchId", last_id)
-            log(f"  peer SS batch {last_id}{' (warm-up)' if i < WARMUP_EPOCHS else ''}: "
+            log(f"  peer SS batch {last_id}{' (warm-up)' if i < res.warmup else ''}: "
                 f"{t2 - t0:.2f}s from the drop, {t2 - t1:.2f}s in processAllAvailable, "
                 f"trigger {trigger_seconds(progress):.2f}s, "
                 f"{progress.get('numInputRows')} rows{'' if one else ' (NOT one batch)'}")
-            if i >= WARMUP_EPOCHS:
+            if i >= res.warmup:
                 res.ss_batches.append(t2 - t0)
                 res.ss_calls.append(t2 - t1)
                 res.ss_triggers.append(trigger_seconds(progress))
@@ -483,7 +486,7 @@ def peer_streaming(spark: SparkSession, res: PeerResult, batches: list[list[Row]
 
 def peer(args: argparse.Namespace, spark: SparkSession, jobs: JobCounter, n: int) -> PeerResult:
     work = Path(tempfile.mkdtemp(prefix=f"peer-{n}-", dir=args.tmp))
-    res = PeerResult(n, args.epochs)
+    res = PeerResult(n, args.epochs, args.peer_warmup)
     try:
         batches = peer_batches(args, n)
         final = peer_sparkfill(spark, jobs, res, batches, work)
@@ -576,7 +579,7 @@ def markdown(args: argparse.Namespace, spark_version: str, load_before: float,
             f"Peer: `agg` alone vs Spark Structured Streaming (Parquet file source, one "
             f"file per batch; RocksDB state store; update mode; `foreachBatch` appending to "
             f"Parquet), same SQL over the same rows; insert-only batches of "
-            f"{PEER_CHANGES:,} new rows, {WARMUP_EPOCHS} warm-up and {args.epochs} "
+            f"{PEER_CHANGES:,} new rows, {args.peer_warmup} warm-up and {args.epochs} "
             "measured. SS batch: wall clock from the file's rename to the return of "
             "`processAllAvailable()` (the call alone and the stream's own "
             "`triggerExecution` beside it). First batch: the initial N rows, from "
@@ -641,6 +644,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=None, help="append the results to this markdown file")
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--peer-warmup", type=int, default=WARMUP_EPOCHS,
+                        help="peer batches each side takes before the measured ones")
     parser.add_argument("--skip-steady", action="store_true")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra Spark setting of the session (repeatable)")
