@@ -48,10 +48,9 @@ class Interpreted:
     def interpret(self) -> None:
         if self._saved is not None:
             return
-        saved: dict[str, str | None] = {}
+        self._saved = {}  # filled as each setting changes: restore undoes what did
         for key, value in INTERPRETED_CONF.items():
-            saved[key] = self.spark.conf.get(key, None)
-            self._saved = saved  # from the first change on, restore undoes it
+            self._saved[key] = self.spark.conf.get(key, None)
             self.spark.conf.set(key, value)
 
     def restore(self) -> None:

@@ -51,8 +51,9 @@ class WrittenFile:
 
 
 _registered: dict[int, SparkSession] = {}
-#: the reads of immutable files (``read_parquet(..., immutable=True)``), least recently
-#: used first: a frame is a plan, not data, so holding one holds no rows
+#: the reads of immutable files (``read_parquet(..., immutable=True)``), the
+#: ``READ_CACHE_SIZE`` most recently used: a frame is a plan, not data, so holding one
+#: holds no rows
 READ_CACHE_SIZE = 512
 _reads: LruCache[tuple[int, str, tuple[str, ...]], tuple[SparkSession, DataFrame]] = (
     LruCache(READ_CACHE_SIZE))
