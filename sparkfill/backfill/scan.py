@@ -25,6 +25,7 @@ from ..storage.schema import OP, VNODE
 from .state import (
     BackfillState,
     Done,
+    Held,
     InProgress,
     NotStarted,
     ScanResult,
@@ -112,7 +113,8 @@ class BackfillScan:
         strategy = mv.options.strategy
         if isinstance(state, Done):  # a finished leaf: all of its changes flow
             change = leaf_change(upstream, delta_u, F.lit(True), F.lit(True), None)
-            return ScanResult(change, state, pinned_epoch, 0, [])
+            return ScanResult(change, state, pinned_epoch, 0, [], held=Held(epoch - 1,
+                                                                            F.lit(True)))
         pos = state.pos if isinstance(state, InProgress) else None
         done_rows = rows_done(state)
         if strategy == "buffer":
@@ -130,7 +132,8 @@ class BackfillScan:
             new_state = NotStarted()
         else:
             new_state = InProgress(new_pos, done_rows + n)
-        return ScanResult(change, new_state, pinned_epoch, n, cached)
+        return ScanResult(change, new_state, pinned_epoch, n, cached,
+                          held=Held(epoch - 1, position_covered(pos, upstream)))
 
     def _run_buffer(self, job: tuple[int, int], upstream: Relation, state: BackfillState,
                     pinned_epoch: int | None, limit: int | None, delta_u: DataFrame | None,
@@ -151,12 +154,14 @@ class BackfillScan:
                 change = leaf_change(upstream, None, F.lit(False), F.lit(True), chunk)
             new_state: BackfillState = (NotStarted() if new_pos is None
                                         else InProgress(new_pos, total))
-            return ScanResult(change, new_state, pinned_epoch, n, cached)
+            return ScanResult(change, new_state, pinned_epoch, n, cached,
+                              held=Held(pinned_epoch, position_covered(pos, upstream)))
         span = self._span_changelog(upstream, buffer)
         change = leaf_change(upstream, span, position_covered(pos, upstream), F.lit(True),
                              chunk)
         self.buffers.pop(job, None)
-        return ScanResult(change, Done(total), pinned_epoch, n, cached)
+        return ScanResult(change, Done(total), pinned_epoch, n, cached,
+                          held=Held(pinned_epoch, position_covered(pos, upstream)))
 
     def _span_changelog(self, upstream: Relation, buffer: list[pa.Table]) -> DataFrame | None:
         """One changelog from the pinned snapshot to now: per key, the before-image

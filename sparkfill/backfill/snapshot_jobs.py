@@ -18,8 +18,10 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from ..dataflow.change import Change, Emit
 from ..dataflow.changelog import span_change
@@ -31,6 +33,7 @@ from ..storage.catalog import Catalog, Relation
 from ..storage.meta_store import MetaStore, ProgressRow
 from ..storage.relation_store import RelationStore
 from .snapshot import JobControl, SnapshotJob, chunk_plan, job_status, leaf_span
+from .state import Held, held_rows
 
 __all__ = ["SnapshotJobs", "SnapshotStep", "CATCH_UP_EPOCHS"]
 
@@ -185,8 +188,12 @@ class SnapshotJobs:
                    for f in self.store.files_at(leaf.stored, min(upto, epoch - 1))
                    if f.kind == "log" and f.epoch_max > position)
         if any(c is not None for c in changes):
-            result = self.dataflow.run(mv, leaves, self.catalog.states_of(mv), changes, upto,
-                                       False, emit_as(upto), hint)
+            # the MV holds each leaf as it was at ``position``
+            held = [Held(position, F.lit(True)) for _ in leaves]
+            result = self.dataflow.run(
+                mv, leaves, self.catalog.states_of(mv), changes, upto, False, emit_as(upto),
+                hint, held=[partial(held_rows, self.store, leaf, h)
+                            for leaf, h in zip(leaves, held, strict=True)])
             result.tag = upto
         progress = [ProgressRow(mv.id, i, WHOLE, "done", None, done.get(i, 0), upto)
                     for i in range(len(leaves))]

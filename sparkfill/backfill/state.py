@@ -31,10 +31,12 @@ from ..dataflow.changelog import after_images, before_images
 from ..storage.catalog import Relation
 from ..storage.keyrange import Position
 from ..storage.meta_store import ProgressRow
+from ..storage.relation_store import RelationStore
+from ..storage.schema import names_sql
 
 __all__ = [
     "NotStarted", "InProgress", "Done", "BackfillState", "state_to_row", "state_from_rows",
-    "rows_done", "leaf_change", "ScanResult",
+    "rows_done", "leaf_change", "Held", "held_rows", "ScanResult",
 ]
 
 
@@ -115,6 +117,22 @@ def leaf_change(upstream: Relation, delta_u: DataFrame | None,
     return Change(before, after)
 
 
+@dataclass(frozen=True)
+class Held:
+    """The rows of a leaf a creating MV held before an epoch: the leaf's snapshot at
+    ``epoch`` where ``covered`` (over its columns and ``_vnode``). An aggregate reads
+    them only to find a min/max that a retraction took away."""
+
+    epoch: int
+    covered: SparkColumn
+
+
+def held_rows(store: RelationStore, leaf: Relation, held: Held) -> DataFrame:
+    """The rows ``held`` names, as ``leaf``'s columns."""
+    rows = store.snapshot(leaf.stored, held.epoch, bulk=True).where(held.covered)
+    return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))
+
+
 @dataclass
 class ScanResult:
     change: Change | None
@@ -124,3 +142,5 @@ class ScanResult:
     cached: list[DataFrame]
     #: progress rows to persist, when the strategy keeps more than one position
     progress_rows: list[ProgressRow] | None = None
+    #: what the MV held of the leaf before this epoch (None: the leaf's rows at ``e-1``)
+    held: Held | None = None

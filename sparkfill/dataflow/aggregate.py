@@ -2,23 +2,27 @@
 
 Invariant: after epoch ``e`` the aggregate's state table holds its input rows,
 keyed ``(group JSON, row key)`` and distributed by group, when it ``keeps_input``
-(else it stays empty: running counts and sums need only the Δ); the MV's rows
-are keyed by group JSON. Only the groups the epoch's changes touch are recomputed: their
-input rows at ``e-1`` (the state, looked up by the touched groups and pruned to
-their vnodes) evaluated against those rows with the Δ applied — or, for running
-aggregates, each touched group's old values (its MV row: a keyed lookup, or the
-whole MV when it is small and the state's Δ waits for the epoch's flush) updated
-by the signed Δ, reading input rows only for a group that lost its min/max. A global aggregate
-is one partition: it reads its whole state, and emits its row for empty input in
-the job's first epoch.
+(else it stays empty: running counts, sums, and min/max found again in the leaf
+need only the Δ); the MV's rows are keyed by group JSON. Only the groups the
+epoch's changes touch are recomputed: their input rows at ``e-1`` (the state,
+looked up by the touched groups and pruned to their vnodes) evaluated against
+those rows with the Δ applied — or, for running aggregates, each touched group's
+old values (its MV row: a keyed lookup, or the whole MV when it is small and the
+state's Δ waits for the epoch's flush) updated by the signed Δ, reading input rows
+only for a group that lost its min/max: from the state, or (``extremes = 'leaf'``)
+from the rows the MV held of its leaf before the epoch, row-staged. A min/max found
+again in the leaf keeps its group's count of rows at the extreme, so it is lost
+only when the last of them leaves. A global aggregate is one partition: it reads
+its whole state, and emits its row for empty input in the job's first epoch.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -30,6 +34,7 @@ from ..sql.planner import (
     MvPlan,
     running_count_column,
     running_sum_column,
+    running_ties_column,
 )
 from ..storage.catalog import Relation
 from ..storage.keyrange import values_in
@@ -45,11 +50,17 @@ from .keys import (
     read_touched,
     touched_partitions,
 )
+from .project import project
 from .statement import sql_over
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
-           "estimate_groups", "exact_add_sql", "group_values", "keeps_input", "outputs", "evaluate",
-           "state_may_wait", "touched_groups"]
+           "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
+           "grouped_values", "keeps_input", "leaf_extremes", "with_ties", "FEW_GROUPS",
+           "outputs", "evaluate", "state_may_wait", "touched_groups", "HeldRows"]
+
+#: the rows of its one leaf an MV held before the epoch (leaf columns), read only
+#: when an aggregate finds a lost min/max again there
+HeldRows = Callable[[], DataFrame]
 
 
 def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
@@ -63,12 +74,22 @@ def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
 
 def keeps_input(spec: AggSpec) -> bool:
     """Whether the aggregate keeps its input rows in its state table. A global
-    aggregate, and one whose values cannot run (``count(DISTINCT)``, ``avg``, a HAVING
-    clause, ...), recomputes each touched group from them; a running one reads them
-    only for a min/max a retraction takes away. Running counts and sums (and SELECT
-    DISTINCT, whose groups are all it keeps) need none: their state table stays
-    empty, and a bulk creation writes the MV alone."""
-    return spec.running is None or any(kind in ("min", "max") for _, kind, _ in spec.running)
+    aggregate, and one whose values cannot run (``count(DISTINCT)``, a HAVING
+    clause, ...), recomputes each touched group from them; a running one over a
+    join reads them only for a min/max a retraction takes away. Running counts and
+    sums (and SELECT DISTINCT, whose groups are all it keeps), and running min/max
+    over one leaf (found again in the leaf's rows), need none: their state table
+    stays empty, and a bulk creation writes the MV alone."""
+    return spec.running is None or (spec.extremes == "state" and any(
+        kind in ("min", "max") for _, kind, _ in spec.running))
+
+
+def leaf_extremes(spec: AggSpec) -> list[tuple[str, str, str]]:
+    """The running min/max found again in the leaf (each keeps its rows at the
+    extreme): ``(column, kind, argument column)``."""
+    if spec.running is None or spec.extremes != "leaf":
+        return []
+    return [r for r in spec.running if r[1] in ("min", "max")]
 
 
 def touched_groups(delta: DataFrame) -> tuple[tuple[object, ...], tuple[int, ...]]:
@@ -101,10 +122,13 @@ def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFr
 
 
 def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,
-                     written: StateDelta | None, epoch: int, initial: bool) -> DataFrame | None:
+                     written: StateDelta | None, epoch: int, initial: bool,
+                     held: HeldRows | None = None) -> DataFrame | None:
     """The MV's changelog from ``written``, the row stage's change as appended to the
     aggregate's state table this epoch (None: no change); ``initial``: the job's
-    first epoch (a global aggregate emits its row for empty input)."""
+    first epoch (a global aggregate emits its row for empty input); ``held``: the
+    rows the MV held of its leaf before the epoch, where a lost min/max is found
+    again (``extremes = 'leaf'``)."""
     assert plan.agg is not None
     spec = plan.agg
     cols = [c.name for c in agg_state.columns]
@@ -122,7 +146,18 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
         return None
     delta = written.delta
     if spec.running is not None:
-        return aggregate_running(store, mv, spec, agg_state, written, epoch)
+        cols = [c.name for c in agg_state.columns]
+
+        def lost_input(groups: Sequence[str], vnodes: Sequence[int]) -> DataFrame:
+            """The input rows at ``e-1`` of the groups that lost a min/max."""
+            if spec.extremes == "state":
+                return store.lookup(agg_state.stored, epoch - 1, groups,
+                                    vnodes=vnodes).selectExpr(*names_sql(cols))
+            assert held is not None, "a min/max found again in the leaf needs its rows"
+            in_groups = values_in(GROUP_OF_ROW, groups)
+            assert in_groups is not None  # JSON strings
+            return agg_input_rows(plan, agg_state, project(plan, [held()])).where(in_groups)
+        return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input)
     assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
@@ -134,14 +169,19 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
 
 
 def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
-                      agg_state: Relation, written: StateDelta, epoch: int) -> DataFrame:
+                      agg_state: Relation, written: StateDelta, epoch: int,
+                      lost_input: Callable[[Sequence[str], Sequence[int]], DataFrame],
+                      ) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
     add, a min/max takes the arriving extreme. Only a group whose Δ retracts
-    its min/max without replacing it reads its input rows (from the state)."""
+    its min/max without replacing it reads its input rows at ``e-1``
+    (``lost_input(groups, their vnodes)``); with ``extremes = 'leaf'`` only one
+    that retracts the last of its rows at the extreme."""
     running = spec.running
     assert running is not None
+    ties = leaf_extremes(spec)
     delta = written.delta
     names = [c.name for c in mv.columns]
     types = {c.name: c.type for c in mv.columns}
@@ -166,6 +206,21 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         else:
             parts += [f"{kind}(CASE WHEN {weight} > 0 THEN {x} END) AS {q(name + '_in')}",
                       f"{kind}(CASE WHEN {weight} < 0 THEN {x} END) AS {q(name + '_out')}"]
+            if (name, kind, arg) in ties:
+                # how many arriving (leaving) rows are at the arriving (leaving) extreme
+                parts += [f"count(CASE WHEN {weight} > 0 AND {x} = {q('_sf_wi' + name)} "
+                          f"THEN 1 END) AS {q(name + '_in_n')}",
+                          f"count(CASE WHEN {weight} < 0 AND {x} = {q('_sf_wo' + name)} "
+                          f"THEN 1 END) AS {q(name + '_out_n')}"]
+    # the Δ's rows, each with its group's arriving and leaving extremes (a window over
+    # the small Δ, partitioned as the aggregation that follows groups it)
+    delta_rows = "{_sf_delta}"
+    if ties:
+        windows = [f"{kind}(CASE WHEN {weight} {sign} 0 THEN {q(arg)} END) OVER "
+                   f"(PARTITION BY {GROUP_OF_ROW}) AS {q(prefix + name)}"
+                   for name, kind, arg in ties for sign, prefix in ((">", "_sf_wi"),
+                                                                   ("<", "_sf_wo"))]
+        delta_rows = f"(SELECT *, {', '.join(windows)} FROM {{_sf_delta}}) AS _sf_dw"
     # the signed Δ per group, left-joined to the touched groups' old values (the MV's
     # rows, distributed by group), each with its whole row as the before-image of the
     # group's change; a sort-merge join: over the one partition of small reads it
@@ -176,7 +231,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     old_cols = [q("_sf_old" + c.name) for c in hidden]
     joined = (
         f"SELECT /*+ MERGE(_sf_o) */ _sf_p.*, {', '.join([*old_cols, BEFORE])} FROM "
-        f"(SELECT {GROUP_OF_ROW}, {', '.join([*firsts, *parts])} FROM {{_sf_delta}} "
+        f"(SELECT {GROUP_OF_ROW}, {', '.join([*firsts, *parts])} FROM {delta_rows} "
         f"GROUP BY {GROUP_OF_ROW}) AS _sf_p LEFT JOIN (SELECT {GROUP_KEY} AS _sf_okey, "
         + ", ".join([*[f"{q(c.name)} AS {q('_sf_old' + c.name)}" for c in hidden],
                      f"{image_sql(names)} AS {BEFORE}"])
@@ -194,7 +249,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         """Each group's new hidden values; with ``recomputed``, a group marked
         ``_sf_lost`` takes its min/max from the joined ``_sf_re`` columns."""
         new = [f"coalesce({was(GROUP_ROWS)}, 0) + _sf_d AS {GROUP_ROWS}"]
-        for name, kind, _ in running:
+        for name, kind, arg in running:
             if kind in ("count", "count_if"):
                 value = f"coalesce({was(name)}, 0) + {d(name + '_d')}"
             elif kind == "sum":
@@ -215,6 +270,18 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                            f"{types[summed]}) AS {q(summed)}")
                 value = (f"CASE WHEN {n} = 0 THEN NULL ELSE CAST({total} AS {types[summed]}) / "
                          f"CAST({n} AS DECIMAL(20,0)) END")
+            elif (name, kind, arg) in ties:
+                old, arriving = was(name), q(name + "_in")
+                beyond = f"{arriving} {'>' if kind == 'max' else '<'} {old}"
+                tie = running_ties_column(name)
+                value = f"CASE WHEN {old} IS NULL OR {beyond} THEN {arriving} ELSE {old} END"
+                count = (f"CASE WHEN {old} IS NULL OR {beyond} THEN {d(name + '_in_n')} "
+                         f"WHEN {arriving} = {old} THEN {rest(name)} + {q(name + '_in_n')} "
+                         f"ELSE {rest(name)} END")
+                if recomputed:
+                    value = f"IF(_sf_lost, {q('_sf_re' + name)}, {value})"
+                    count = f"IF(_sf_lost, {q('_sf_re' + tie)}, {count})"
+                new.append(f"CAST({count} AS bigint) AS {q(tie)}")
             else:
                 extreme = "greatest" if kind == "max" else "least"
                 value = f"{extreme}({was(name)}, {q(name + '_in')})"
@@ -223,12 +290,19 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
             new.append(f"CAST({value} AS {types[name]}) AS {q(name)}")
         return new
 
-    # a group lost its extreme when the Δ retracts a value at it and brings none
-    # at or beyond it
+    def rest(name: str) -> str:
+        """A tied extreme's rows at it that stay: its count less the leaving rows at it
+        (leaving values are the group's, so at most the old extreme)."""
+        return (f"(coalesce({was(running_ties_column(name))}, 0) - IF(coalesce("
+                f"{q(name + '_out')} = {was(name)}, FALSE), {q(name + '_out_n')}, 0))")
+
+    # a group lost its extreme when the Δ retracts a value at it (with ties counted:
+    # the last of its rows at it) and brings none at or beyond it
     lost = " OR ".join(
-        f"(coalesce({q(name + '_out')} {cmp} {was(name)}, FALSE) AND NOT "
-        f"coalesce({q(name + '_in')} {cmp} {was(name)}, FALSE))"
-        for name, kind, _ in running if kind in ("min", "max")
+        (f"({was(name)} IS NOT NULL AND {rest(name)} <= 0" if (name, kind, arg) in ties else
+         f"(coalesce({q(name + '_out')} {cmp} {was(name)}, FALSE)")
+        + f" AND NOT coalesce({q(name + '_in')} {cmp} {was(name)}, FALSE))"
+        for name, kind, arg in running if kind in ("min", "max")
         for cmp in [">=" if kind == "max" else "<="])
     lost_groups: list[tuple[str, int]] = []
     if lost and may_retract(written):
@@ -244,17 +318,16 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         # their extremes recomputed from their input rows (the state's rows of those
         # groups with the Δ applied) and joined in beside the running values
         groups = sorted({g for g, _ in lost_groups})
-        cols = [c.name for c in agg_state.columns]
-        old_input = store.lookup(agg_state.stored, epoch - 1, groups,
-                                 vnodes=sorted({v for _, v in lost_groups})
-                                 ).selectExpr(*names_sql(cols))
+        old_input = lost_input(groups, sorted({v for _, v in lost_groups}))
         in_groups = values_in(GROUP_OF_ROW, groups)
         assert in_groups is not None  # JSON strings
         new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
         frames["_sf_re"] = group_values(spec, new_input).selectExpr(
             f"{group_json_sql(spec.group, row_types)} AS _sf_rekey",
             *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running
-              if kind in ("min", "max")])
+              if kind in ("min", "max")],
+            *[f"{q(running_ties_column(name))} AS {q('_sf_re' + running_ties_column(name))}"
+              for name, _, _ in ties])
         joined = (f"SELECT _sf_j.*, _sf_r.*, _sf_r._sf_rekey IS NOT NULL AS _sf_lost "
                   f"FROM ({joined}) AS _sf_j LEFT JOIN {{_sf_re}} AS _sf_r "
                   f"ON _sf_j.{GROUP_OF_ROW} = _sf_r._sf_rekey")
@@ -273,8 +346,13 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
 
 def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
     """Per group of ``rows``: the group columns, each aggregate's value and, for a
-    running aggregate, the group's rows, each sum's and avg's non-null count and each
-    avg's sum."""
+    running aggregate, the group's rows, each sum's and avg's non-null count, each
+    avg's sum and each min's or max's rows at it (``leaf_extremes``)."""
+    return with_ties(spec, rows, grouped_values(spec, rows), few=False)
+
+
+def grouped_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
+    """``group_values`` but each min's or max's rows at it (one aggregation)."""
     aggs = [F.expr(sql).alias(name) for name, sql in spec.aggs]
     if spec.running is not None:
         aggs.append(F.count(F.lit(1)).alias(GROUP_ROWS))
@@ -282,7 +360,49 @@ def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
                  for name, kind, arg in spec.running if kind in ("sum", "avg")]
         aggs += [F.sum(F.col(arg)).alias(running_sum_column(name))
                  for name, kind, arg in spec.running if kind == "avg"]
+        # an extreme of a group column: every row of the group with a value is at it
+        aggs += [F.count(F.col(arg)).alias(running_ties_column(name))
+                 for name, _, arg in leaf_extremes(spec) if arg in spec.group]
     return rows.groupBy(*spec.group).agg(*(aggs or [F.count(F.lit(1)).alias("_sf_n")]))
+
+
+#: at most this many groups are broadcast to count their rows at each extreme
+FEW_GROUPS = 200_000
+
+
+def with_ties(spec: AggSpec, rows: DataFrame, grouped: DataFrame, few: bool) -> DataFrame:
+    """``grouped`` (``grouped_values`` of ``rows``) with each min's or max's rows at
+    it. ``few``: ``grouped`` holds at most ``FEW_GROUPS`` groups (computed already):
+    it is broadcast, and one pass over ``rows`` counts each group's rows at its
+    extremes; else the rows are counted per (group, value), for each extreme, and
+    the extreme value's count picked."""
+    ties = [t for t in leaf_extremes(spec) if t[2] not in spec.group]
+    if not ties:
+        return grouped
+    keys = [f"_sf_tie_g{i}" for i in range(len(spec.group))]
+    names = [running_ties_column(name) for name, _, _ in ties]
+
+    def joined(left: DataFrame, right: DataFrame, how: str) -> DataFrame:
+        """``left`` joined to ``right`` (group columns renamed ``keys``) by group."""
+        on = [left[g].eqNullSafe(right[k]) for g, k in zip(spec.group, keys, strict=True)]
+        return left.join(right, on, how)
+
+    if few:
+        extremes = [f"_sf_tie_e{i}" for i in range(len(ties))]
+        at_extremes = F.broadcast(grouped.select(*spec.group, *[n for n, _, _ in ties])
+                                  .toDF(*keys, *extremes))
+        counted = (joined(rows, at_extremes, "inner").groupBy(*keys)
+                   .agg(*[F.count(F.when(F.col(arg) == F.col(e), 1)).alias(n)
+                          for (_, _, arg), e, n in zip(ties, extremes, names, strict=True)]))
+        return joined(grouped, counted, "left").drop(*keys).fillna(0, subset=names)
+    for (_, kind, arg), tie in zip(ties, names, strict=True):
+        pick = F.max_by if kind == "max" else F.min_by
+        at = (rows.where(F.col(arg).isNotNull()).groupBy(*spec.group, arg)
+              .agg(F.count(F.lit(1)).alias("_sf_c"))
+              .groupBy(*spec.group).agg(pick("_sf_c", arg).alias(tie))
+              .toDF(*keys, tie))
+        grouped = joined(grouped, at, "left").drop(*keys).fillna(0, subset=[tie])
+    return grouped
 
 
 def exact_add_sql(a: str, b: str, type_sql: str) -> str:
@@ -336,3 +456,17 @@ def evaluate(mv: Relation, plan: MvPlan, rows: DataFrame) -> DataFrame:
     assert plan.agg is not None
     return outputs(mv, plan.agg, group_values(plan.agg, rows),
                    dict(rows.dtypes))
+
+
+def evaluate_counted(mv: Relation, plan: MvPlan, rows: DataFrame,
+                     cached: list[DataFrame]) -> tuple[DataFrame, int]:
+    """``evaluate`` of a bulk input, and how many groups it has: the groups' values
+    are computed and cached first (one Spark job), so each min's or max's rows at it
+    are counted by a broadcast of them when they are few; frames cached go to
+    ``cached``."""
+    assert plan.agg is not None
+    grouped = grouped_values(plan.agg, rows).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(grouped)
+    groups = grouped.count()
+    values = with_ties(plan.agg, rows, grouped, few=groups <= FEW_GROUPS)
+    return outputs(mv, plan.agg, values, dict(rows.dtypes)), groups

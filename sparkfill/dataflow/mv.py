@@ -76,11 +76,14 @@ class MvDataflow:
 
     def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
             changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
-            rows_hint: int, leaf_rows: Sequence[int] | None = None) -> DataflowResult:
+            rows_hint: int, leaf_rows: Sequence[int] | None = None,
+            held: Sequence[aggregate.HeldRows] | None = None) -> DataflowResult:
         """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
         the job's first epoch (a global aggregate emits its row for empty input);
         ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
-        changes hold, ``leaf_rows`` (when known) each leaf's share."""
+        changes hold, ``leaf_rows`` (when known) each leaf's share; ``held[i]``: the
+        rows of leaf ``i`` the MV held before the epoch, read only when an aggregate
+        finds a lost min/max again there (``AggSpec.extremes``)."""
         plan = mv.plan
         assert plan is not None
         result = DataflowResult(None)
@@ -122,6 +125,19 @@ class MvDataflow:
                 plan, states[-1], rows, emit, rows_hint,
                 deferrable=aggregate.state_may_wait(mv, plan),
                 rewritable=plan.agg.running is not None or not plan.agg.group)
+        elif (rows is not None and initial and plan.agg.group and plan.join is None
+              and rows_hint > LOCAL_WRITE_ROWS):
+            # a bulk first epoch (a blocking CREATE, a first chunk): the MV is empty and
+            # its leaf's rows are the change's after-images (none were held, so no
+            # before-image counts), so its Δ is the aggregate over them, as a batch
+            # query computes it, with partial aggregation; its groups are counted
+            # first, so its write is sized by them
+            after = stage_input_rows(plan, states[-1], rows.after)
+            out, groups = aggregate.evaluate_counted(mv, plan, after, result.cached)
+            self.store.spark_jobs += 1
+            result.rows_hint = groups
+            result.delta = consolidate(None, out.selectExpr(*names_sql(names)), names, mv.key)
+            return result
         elif rows is not None:
             written = self._unkept_stage_input(mv, plan, states[-1], rows, rows_hint)
             if rows_hint > LOCAL_WRITE_ROWS:
@@ -136,7 +152,7 @@ class MvDataflow:
                     aggregate.estimate_groups(written.delta))
                 self.store.spark_jobs += 1
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
-                                                  epoch, initial)
+                                                  epoch, initial, held[0] if held else None)
         if isinstance(written, Appended) and written.key_count is not None:
             result.rows_hint = aggregate.changed_rows_bound(written.key_count)
         return result

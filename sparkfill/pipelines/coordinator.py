@@ -43,18 +43,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from ..backfill.arrangement import ArrangementScan, VnodeProgress
 from ..backfill.scan import BackfillScan
 from ..backfill.snapshot_jobs import SnapshotJobs
 from ..backfill.state import (
     Done,
+    Held,
     InProgress,
     NotStarted,
     ScanResult,
+    held_rows,
     state_from_rows,
     state_to_row,
 )
+from ..dataflow.aggregate import HeldRows
 from ..dataflow.change import Deferred, Emit, StateDelta, change_of
 from ..dataflow.changelog import after_images
 from ..dataflow.mv import DataflowResult, MvDataflow
@@ -869,7 +873,9 @@ class EpochCoordinator:
                 return DataflowResult(diff, recomputed=True), [], hint
             emit = appends.emitter(may_wait=True, may_retract=any(retracts(c) for c in ops))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
-                                      [appends.rows(leaf.id) for leaf in leaves]),
+                                      [appends.rows(leaf.id) for leaf in leaves],
+                                      held=[self._held(leaf, Held(epoch - 1, F.lit(True)))
+                                            for leaf in leaves]),
                     [], hint)
         if rel.id in plan.get("queued", []):
             return None, [], 0
@@ -886,7 +892,9 @@ class EpochCoordinator:
         result = self.dataflow.run(rel, leaves, states, [s.change for s in scans], epoch,
                                    initial, appends.emitter(), hint,
                                    [appends.rows(leaf.id) + s.chunk_rows
-                                    for leaf, s in zip(leaves, scans, strict=True)])
+                                    for leaf, s in zip(leaves, scans, strict=True)],
+                                   held=[self._held(leaf, s.held or Held(epoch - 1, F.lit(True)))
+                                         for leaf, s in zip(leaves, scans, strict=True)])
         return result, scans, hint
 
     def _switch(self, mv: Relation, rep_id: int, appends: EpochAppends, epoch: int,
@@ -926,6 +934,10 @@ class EpochCoordinator:
             files = self.store.files_at(leaf.stored, epoch - 1)
         rows = self.store.snapshot(leaf.stored, epoch, files=files, bulk=True)
         return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))
+
+    def _held(self, leaf: Relation, held: Held) -> HeldRows:
+        """The rows of ``leaf`` an MV held before the epoch, read when asked for."""
+        return lambda: held_rows(self.store, leaf, held)
 
     @staticmethod
     def _follow(leaf: Relation, delta: DataFrame | None,
@@ -982,7 +994,8 @@ class EpochCoordinator:
             return ScanResult(
                 result.change, Done(result.progress.rows_done) if done else InProgress(
                     END, result.progress.rows_done), None, result.chunk_rows, result.cached,
-                result.progress.to_rows(rel.id, since=progress, leaf=leaf))
+                result.progress.to_rows(rel.id, since=progress, leaf=leaf),
+                held=Held(epoch - 1, progress.covered(upstream)))
         state, pinned = state_from_rows(rows)
         return self.scan.run(rel, leaf, upstream, state, pinned, limit, delta_u, epoch)
 

@@ -52,6 +52,7 @@ __all__ = [
     "NONDETERMINISTIC", "CLOCK_FUNCTIONS", "GROUP_KEY", "JOIN_KEY", "GROUP_OF_ROW", "BRANCH",
     "BRANCH_ROW",
     "Branch", "union_branches", "GROUP_ROWS", "running_count_column", "running_sum_column",
+    "running_ties_column",
     "TopNSpec",
     "WindowSpec", "WINDOW_PART",
     "split_top_n",
@@ -132,6 +133,12 @@ class AggSpec:
     #: touched groups from its input rows instead (HAVING, a global aggregate, or an
     #: aggregate that is not a count, an exact sum, min or max)
     running: tuple[tuple[str, str, str], ...] | None = None
+    #: where a running min/max that a retraction took away is found again: "state" —
+    #: the aggregate's input rows, kept in its state table; "leaf" — the rows the MV
+    #: holds of its one leaf, read only then (no input rows are kept, and each min/max
+    #: keeps in a hidden column how many of its group's rows are at it, so a
+    #: retraction of one of several equal extremes loses nothing)
+    extremes: str = "state"
 
 
 #: hidden MV column of a running aggregate: the rows of the group
@@ -145,6 +152,12 @@ NULL_EXTENDED_SIDES: dict[str, frozenset[int]] = {
 def running_count_column(agg_column: str) -> str:
     """Hidden MV column of a running ``sum`` or ``avg``: the non-null values it adds up."""
     return f"{agg_column}_n"
+
+
+def running_ties_column(agg_column: str) -> str:
+    """Hidden MV column of a running ``min``/``max`` found again from its leaf: how many
+    of the group's rows are at the extreme."""
+    return f"{agg_column}_x"
 
 
 def running_sum_column(agg_column: str) -> str:
@@ -235,7 +248,8 @@ class MvPlan:
                 "group": list(self.agg.group), "aggs": [list(a) for a in self.agg.aggs],
                 "having": self.agg.having, "outputs": [list(o) for o in self.agg.outputs],
                 "running": None if self.agg.running is None else [
-                    list(r) for r in self.agg.running]},
+                    list(r) for r in self.agg.running],
+                "extremes": self.agg.extremes},
             "states": list(self.states),
             "branches": [{"where": b.where, "rows": [list(r) for r in b.rows]}
                          for b in self.branches],
@@ -262,7 +276,8 @@ class MvPlan:
                 tuple(a["group"]), tuple((x, y) for x, y in a["aggs"]), a["having"],
                 tuple((x, y) for x, y in a["outputs"]),
                 None if a.get("running") is None else tuple(
-                    (x, y, z) for x, y, z in a["running"])),
+                    (x, y, z) for x, y, z in a["running"]),
+                str(a.get("extremes", "state"))),
             states=tuple(d.get("states", ())),
             branches=tuple(Branch(b["where"], tuple((x, y) for x, y in b["rows"]))
                            for b in d.get("branches", ())),
@@ -868,12 +883,16 @@ def plan_materialized_view(
     row_key = tuple(c.name for c in key_cols)
     running = (_running_aggs(row_schema, aggs)
                if having_sql is None and group_cols else None)
+    # a running min/max over one leaf finds a lost extreme again in that leaf's rows;
+    # over a join (whose rows no relation holds) in the input rows it keeps
+    extremes = "leaf" if join is None else "state"
     columns = [*visible, Column(GROUP_KEY, "string", False, hidden=True)]
     if running is not None:
-        columns += _running_columns(spark, row_schema, group_cols, aggs, running)
+        columns += _running_columns(spark, row_schema, group_cols, aggs, running, extremes)
     plan = MvPlan(tuple(Leaf(a, info.name) for a, info in scope.leaves), join, where_sql,
                   tuple(rows), row_key,
-                  AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs), running))
+                  AggSpec(tuple(group_cols), tuple(aggs), having_sql, tuple(outputs), running,
+                          extremes))
     return PlannedMv(plan, columns, [GROUP_KEY], states)
 
 
@@ -1007,9 +1026,11 @@ def _running_aggs(row_schema: StructType, aggs: Sequence[tuple[str, str]],
 
 def _running_columns(spark: SparkSession, row_schema: StructType, group: Sequence[str],
                      aggs: Sequence[tuple[str, str]],
-                     running: Sequence[tuple[str, str, str]]) -> list[Column]:
+                     running: Sequence[tuple[str, str, str]],
+                     extremes: str) -> list[Column]:
     """The hidden MV columns that keep running aggregates: the group's rows, each
-    aggregate's value (typed as Spark types it) and each sum's non-null count."""
+    aggregate's value (typed as Spark types it), each sum's non-null count and, when
+    a lost min/max is found again in the leaf, each min's or max's rows at it."""
     types: dict[str, str] = {}
     if aggs:  # SELECT DISTINCT has none: its groups' rows are all it keeps
         sums = [F.sum(F.col(arg)).alias(running_sum_column(name))
@@ -1025,6 +1046,8 @@ def _running_columns(spark: SparkSession, row_schema: StructType, group: Sequenc
                                    True, hidden=True))
         if kind in ("sum", "avg"):
             cols.append(Column(running_count_column(name), "bigint", False, hidden=True))
+        if kind in ("min", "max") and extremes == "leaf":
+            cols.append(Column(running_ties_column(name), "bigint", False, hidden=True))
     return cols
 
 
@@ -1140,6 +1163,9 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
     if plan.agg is not None:
         aggs = ", ".join(sql for _, sql in plan.agg.aggs) or "-"
         running = "  running values in the MV" if plan.agg.running is not None else ""
+        if plan.agg.extremes == "leaf" and any(
+                kind in ("min", "max") for _, kind, _ in plan.agg.running or ()):
+            running += " (a lost min/max found again in the leaf)"
         lines.append("  " * depth + f"HashAggregate  group=({', '.join(plan.agg.group)}) "
                      f"aggs=({aggs})" + (f" having={plan.agg.having}" if plan.agg.having
                                          else "") + f"  state={agg_state}{running}")
