@@ -19,7 +19,7 @@ medians are reported per variant: a paired before/after of the file layout.
 
 Classic sessions only (it reads the Spark UI). Usage:
     python bench/bulk_anatomy.py [--rows 1000000] [--repeat 2] [--create]
-        [--row-groups 1 10]
+        [--row-groups 1 10] [--mvs agg proj]
 """
 
 from __future__ import annotations
@@ -90,6 +90,10 @@ class Jobs:
         return spent
 
 
+#: the MVs ``--create`` creates (``--mvs``)
+MVS_CHOSEN: list[str] = list(sb.MVS)
+
+
 def create_anatomy(spark: Any, eng: Engine, jobs: Jobs, work: Path, attempt: int,
                    ctas_s: dict[str, list[float]], create_s: dict[str, list[float]]) -> None:
     """Each MV: Spark's CTAS over Parquet copies of ``t`` and ``d``, then the blocking
@@ -101,6 +105,8 @@ def create_anatomy(spark: Any, eng: Engine, jobs: Jobs, work: Path, attempt: int
     eng.read("t").write.parquet(str(t_dir))
     eng.read("d").write.parquet(str(d_dir))
     for name, sql in sb.MVS.items():
+        if name not in MVS_CHOSEN:
+            continue
         jobs.mark()
         t0 = time.perf_counter()
         spark.read.parquet(str(t_dir)).createOrReplaceTempView("anatomy_t")
@@ -125,9 +131,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--create", action="store_true",
                         help="also blocking CREATE of each MV next to a batch CTAS")
+    parser.add_argument("--mvs", nargs="+", choices=list(sb.MVS), default=list(sb.MVS),
+                        help="with --create: only these MVs")
     parser.add_argument("--row-groups", type=int, nargs="+", default=[],
                         help="alternate the attempts between files of these row groups")
     args = parser.parse_args()
+    MVS_CHOSEN[:] = args.mvs
     variants = args.row_groups or [None]
     spark = build_spark_session(master="local[2]", shuffle_partitions=4, driver_memory="6g",
                                 extra_conf={"spark.ui.enabled": "true"})
@@ -180,7 +189,7 @@ def main() -> int:
         engine_med = statistics.median(engine_v[variant])
         print(f"\nmedian{label}: Spark's Parquet write {spark_med:.2f} s; insert + step "
               f"{engine_med:.2f} s ({engine_med / spark_med:.1f}x)")
-        for name in sb.MVS if args.create else ():
+        for name in args.mvs if args.create else ():
             ctas = statistics.median(ctas_s[name])
             create = statistics.median(create_v[variant][name])
             print(f"median{label} {name}: batch CTAS {ctas:.2f} s; blocking CREATE "

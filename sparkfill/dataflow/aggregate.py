@@ -37,7 +37,7 @@ from ..sql.planner import (
     running_ties_column,
 )
 from ..storage.catalog import Relation
-from ..storage.keyrange import values_in
+from ..storage.keyrange import sql_literal, values_in
 from ..storage.relation_store import Appended, RelationStore
 from ..storage.schema import OP, names_sql, quoted, vnode_expr, vnode_sql
 from .change import StateDelta, apply_delta, may_retract
@@ -148,15 +148,22 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
     if spec.running is not None:
         cols = [c.name for c in agg_state.columns]
 
-        def lost_input(groups: Sequence[str], vnodes: Sequence[int]) -> DataFrame:
-            """The input rows at ``e-1`` of the groups that lost a min/max."""
+        def lost_input(groups: Sequence[str], vnodes: Sequence[int],
+                       values: Sequence[tuple[object, ...]]) -> DataFrame:
+            """The input rows at ``e-1`` of the groups that lost a min/max (their JSON,
+            vnodes and group values)."""
             if spec.extremes == "state":
                 return store.lookup(agg_state.stored, epoch - 1, groups,
                                     vnodes=vnodes).selectExpr(*names_sql(cols))
             assert held is not None, "a min/max found again in the leaf needs its rows"
+            rows = project(plan, [held()])
+            if (prefilter := group_values_in(spec.group, values)) is not None:
+                # by the group columns first: Spark filters the leaf's rows as it reads
+                # them, before each row's group JSON is built
+                rows = rows.where(prefilter)
             in_groups = values_in(GROUP_OF_ROW, groups)
             assert in_groups is not None  # JSON strings
-            return agg_input_rows(plan, agg_state, project(plan, [held()])).where(in_groups)
+            return agg_input_rows(plan, agg_state, rows).where(in_groups)
         return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input)
     assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
@@ -170,14 +177,15 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
 
 def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                       agg_state: Relation, written: StateDelta, epoch: int,
-                      lost_input: Callable[[Sequence[str], Sequence[int]], DataFrame],
+                      lost_input: Callable[[Sequence[str], Sequence[int],
+                                            Sequence[tuple[object, ...]]], DataFrame],
                       ) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
     add, a min/max takes the arriving extreme. Only a group whose Δ retracts
     its min/max without replacing it reads its input rows at ``e-1``
-    (``lost_input(groups, their vnodes)``); with ``extremes = 'leaf'`` only one
+    (``lost_input(groups, their vnodes, their group values)``); with ``extremes = 'leaf'`` only one
     that retracts the last of its rows at the extreme."""
     running = spec.running
     assert running is not None
@@ -304,21 +312,23 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         + f" AND NOT coalesce({q(name + '_in')} {cmp} {was(name)}, FALSE))"
         for name, kind, arg in running if kind in ("min", "max")
         for cmp in [">=" if kind == "max" else "<="])
-    lost_groups: list[tuple[str, int]] = []
+    lost_groups: list[tuple[str, int, tuple[object, ...]]] = []
     if lost and may_retract(written):
         # the groups that lost their extreme (and still have rows): a small collect,
         # only when rows left (an insert-only Δ retracts nothing)
-        lost_groups = [(str(r[0]), int(r[1])) for r in sql_over(
-            f"SELECT {GROUP_OF_ROW}, {vnode_sql([GROUP_OF_ROW])} FROM (SELECT "
-            f"{GROUP_OF_ROW}, ({lost}) AS _sf_lost, "
+        group_cols = ", ".join(map(q, spec.group))
+        lost_groups = [(str(r[0]), int(r[1]), tuple(r[2:])) for r in sql_over(
+            f"SELECT {GROUP_OF_ROW}, {vnode_sql([GROUP_OF_ROW])}, {group_cols} FROM (SELECT "
+            f"{GROUP_OF_ROW}, {group_cols}, ({lost}) AS _sf_lost, "
             f"{', '.join(new_values_sql(False))} FROM ({joined}) AS _sf_j) AS _sf_n "
             f"WHERE _sf_lost AND {GROUP_ROWS} > 0", frames).collect()]
         store.spark_jobs += 1
     if lost_groups:
         # their extremes recomputed from their input rows (the state's rows of those
         # groups with the Δ applied) and joined in beside the running values
-        groups = sorted({g for g, _ in lost_groups})
-        old_input = lost_input(groups, sorted({v for _, v in lost_groups}))
+        groups = sorted({g for g, _, _ in lost_groups})
+        old_input = lost_input(groups, sorted({v for _, v, _ in lost_groups}),
+                               [values for _, _, values in lost_groups])
         in_groups = values_in(GROUP_OF_ROW, groups)
         assert in_groups is not None  # JSON strings
         new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
@@ -342,6 +352,30 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     pairs = (f"SELECT {GROUP_KEY}, {BEFORE}, IF({live}, {image_sql(names)}, NULL) "
              f"AS {AFTER} FROM ({rows}) AS _sf_rows")
     return sql_over(changelog_sql(pairs, names, mv.key), frames)
+
+
+#: at most this many lost groups filter a leaf's rows by their group columns
+PREFILTER_GROUPS = 1_000
+
+
+def group_values_in(columns: Sequence[str], values: Sequence[tuple[object, ...]]) -> str | None:
+    """Rows whose ``columns`` hold one of ``values`` (SQL, NULL-safe; None: too many,
+    or a value has no literal form here: filter by the groups' JSON alone)."""
+    if not values or len(values) > PREFILTER_GROUPS:
+        return None
+    terms = []
+    for row in values:
+        parts = []
+        for column, value in zip(columns, row, strict=True):
+            if value is None:
+                parts.append(f"{quoted(column)} IS NULL")
+                continue
+            literal = sql_literal(value)
+            if literal is None:
+                return None
+            parts.append(f"{quoted(column)} = {literal}")
+        terms.append("(" + " AND ".join(parts) + ")")
+    return " OR ".join(terms)
 
 
 def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
