@@ -32,13 +32,25 @@ def _check(eng: Engine, spark, epoch: int) -> None:
                      label=f"MV a at epoch {epoch}")
 
 
-@pytest.mark.parametrize("strategy", ["arrangement", "no_shuffle", "snapshot", "buffer"])
-def test_lost_extremes_are_found_in_the_held_rows_while_created_online(spark, tmp_path,
-                                                                       strategy):
+@pytest.mark.parametrize("strategy,bulk", [
+    ("arrangement", ""), ("no_shuffle", ""), ("snapshot", ""), ("buffer", ""),
+    # every size threshold at 40 rows, so chunks and changes are bulk ones: a first
+    # epoch computed as a batch query, then ties counted by a broadcast of the Δ's
+    # few groups, or (no group is "few") by a window and per (group, value)
+    ("no_shuffle", "few"), ("arrangement", "many")])
+def test_lost_extremes_are_found_in_the_held_rows_while_created_online(
+        spark, tmp_path, monkeypatch, strategy, bulk):
     """Each epoch deletes every row at the table's top value (the max of most groups,
     backfilled or not), some at its bottom, and upserts and deletes at random; the
     MV, created in chunks meanwhile and restarted once, equals the batch query at
     every epoch once created, and its aggregate's state table stays empty."""
+    if bulk:
+        from scale import at_scale
+
+        from sparkfill.dataflow import aggregate
+        at_scale(monkeypatch)
+        if bulk == "many":
+            monkeypatch.setattr(aggregate, "FEW_GROUPS", 1)
     rng = random.Random(7)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:

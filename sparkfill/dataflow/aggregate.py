@@ -123,12 +123,14 @@ def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFr
 
 def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,
                      written: StateDelta | None, epoch: int, initial: bool,
-                     held: HeldRows | None = None) -> DataFrame | None:
+                     held: HeldRows | None = None,
+                     few_groups: bool = False) -> DataFrame | None:
     """The MV's changelog from ``written``, the row stage's change as appended to the
     aggregate's state table this epoch (None: no change); ``initial``: the job's
     first epoch (a global aggregate emits its row for empty input); ``held``: the
     rows the MV held of its leaf before the epoch, where a lost min/max is found
-    again (``extremes = 'leaf'``)."""
+    again (``extremes = 'leaf'``); ``few_groups``: ``written`` is a bulk Δ of at most
+    ``FEW_GROUPS`` groups (estimated)."""
     assert plan.agg is not None
     spec = plan.agg
     cols = [c.name for c in agg_state.columns]
@@ -164,7 +166,8 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
             in_groups = values_in(GROUP_OF_ROW, groups)
             assert in_groups is not None  # JSON strings
             return agg_input_rows(plan, agg_state, rows).where(in_groups)
-        return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input)
+        return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input,
+                                 few_groups)
     assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
@@ -179,14 +182,15 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                       agg_state: Relation, written: StateDelta, epoch: int,
                       lost_input: Callable[[Sequence[str], Sequence[int],
                                             Sequence[tuple[object, ...]]], DataFrame],
-                      ) -> DataFrame:
+                      few_groups: bool = False) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
     add, a min/max takes the arriving extreme. Only a group whose Δ retracts
     its min/max without replacing it reads its input rows at ``e-1``
     (``lost_input(groups, their vnodes, their group values)``); with ``extremes = 'leaf'`` only one
-    that retracts the last of its rows at the extreme."""
+    that retracts the last of its rows at the extreme. ``few_groups``: the Δ is a bulk
+    one of at most ``FEW_GROUPS`` groups."""
     running = spec.running
     assert running is not None
     ties = leaf_extremes(spec)
@@ -221,9 +225,20 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                           f"count(CASE WHEN {weight} < 0 AND {x} = {q('_sf_wo' + name)} "
                           f"THEN 1 END) AS {q(name + '_out_n')}"]
     # the Δ's rows, each with its group's arriving and leaving extremes (a window over
-    # the small Δ, partitioned as the aggregation that follows groups it)
+    # a small Δ, partitioned as the aggregation that follows groups it)
     delta_rows = "{_sf_delta}"
-    if ties:
+    if ties and few_groups:
+        # a bulk Δ of few groups: the extremes per group computed first, and joined
+        # to the Δ's rows by a broadcast (no exchange of the rows)
+        extremes = [f"{kind}(CASE WHEN {weight} {sign} 0 THEN {q(arg)} END) AS "
+                    f"{q(prefix + name)}"
+                    for name, kind, arg in ties for sign, prefix in ((">", "_sf_wi"),
+                                                                    ("<", "_sf_wo"))]
+        delta_rows = (f"(SELECT /*+ BROADCAST(_sf_e) */ _sf_dd.*, _sf_e.* FROM {{_sf_delta}} "
+                      f"AS _sf_dd JOIN (SELECT {GROUP_OF_ROW} AS _sf_ekey, "
+                      f"{', '.join(extremes)} FROM {{_sf_delta}} GROUP BY {GROUP_OF_ROW}) "
+                      f"AS _sf_e ON _sf_dd.{GROUP_OF_ROW} = _sf_e._sf_ekey) AS _sf_dw")
+    elif ties:
         windows = [f"{kind}(CASE WHEN {weight} {sign} 0 THEN {q(arg)} END) OVER "
                    f"(PARTITION BY {GROUP_OF_ROW}) AS {q(prefix + name)}"
                    for name, kind, arg in ties for sign, prefix in ((">", "_sf_wi"),

@@ -104,6 +104,7 @@ class MvDataflow:
         # the MV's changelog (the aggregate's and the window's input rows go to their
         # state table first)
         written: StateDelta | None = None
+        few_groups = False  # a bulk Δ of the aggregate's input, of few groups
         if plan.window is not None:
             if rows is not None:
                 written = self._emit_stage_input(plan, states[-1], rows, emit, rows_hint)
@@ -148,11 +149,13 @@ class MvDataflow:
                 written = replace(written, delta=written.delta.persist(
                     StorageLevel.MEMORY_AND_DISK))
                 result.cached.append(written.delta)
-                result.rows_hint = aggregate.changed_rows_bound(
-                    aggregate.estimate_groups(written.delta))
+                groups = aggregate.estimate_groups(written.delta)
+                few_groups = groups <= aggregate.FEW_GROUPS
+                result.rows_hint = aggregate.changed_rows_bound(groups)
                 self.store.spark_jobs += 1
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
-                                                  epoch, initial, held[0] if held else None)
+                                                  epoch, initial, held[0] if held else None,
+                                                  few_groups)
         if isinstance(written, Appended) and written.key_count is not None:
             result.rows_hint = aggregate.changed_rows_bound(written.key_count)
         return result
