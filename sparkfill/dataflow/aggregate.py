@@ -56,11 +56,14 @@ from .statement import sql_over
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
            "grouped_values", "keeps_input", "leaf_extremes", "with_ties", "FEW_GROUPS",
-           "outputs", "evaluate", "state_may_wait", "touched_groups", "HeldRows"]
+           "outputs", "evaluate", "state_may_wait", "touched_groups", "HeldRows", "LostInput"]
 
 #: the rows of its one leaf an MV held before the epoch (leaf columns), read only
 #: when an aggregate finds a lost min/max again there
 HeldRows = Callable[[], DataFrame]
+#: the input rows at ``e-1`` of the groups that lost a min/max, from their JSON,
+#: vnodes and group values
+LostInput = Callable[[Sequence[str], Sequence[int], Sequence[tuple[object, ...]]], DataFrame]
 
 
 def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
@@ -180,17 +183,15 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
 
 def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                       agg_state: Relation, written: StateDelta, epoch: int,
-                      lost_input: Callable[[Sequence[str], Sequence[int],
-                                            Sequence[tuple[object, ...]]], DataFrame],
-                      few_groups: bool = False) -> DataFrame:
+                      lost_input: LostInput, few_groups: bool = False) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
     add, a min/max takes the arriving extreme. Only a group whose Δ retracts
     its min/max without replacing it reads its input rows at ``e-1``
-    (``lost_input(groups, their vnodes, their group values)``); with ``extremes = 'leaf'`` only one
-    that retracts the last of its rows at the extreme. ``few_groups``: the Δ is a bulk
-    one of at most ``FEW_GROUPS`` groups."""
+    (``lost_input``); with ``extremes = 'leaf'`` only one that retracts the last of
+    its rows at the extreme. ``few_groups``: the Δ is a bulk one of at most
+    ``FEW_GROUPS`` groups."""
     running = spec.running
     assert running is not None
     ties = leaf_extremes(spec)
