@@ -30,7 +30,7 @@ from ..storage.keyrange import Position, covered, position_struct
 from ..storage.meta_store import ProgressRow
 from ..storage.relation_store import RelationStore
 from ..storage.schema import VNODE, VNODE_COUNT
-from .state import BackfillState, Done, InProgress, NotStarted, leaf_change
+from .state import BackfillState, Done, Held, InProgress, NotStarted, leaf_change
 
 __all__ = ["VnodeProgress", "ArrangementScan", "ArrangementResult"]
 
@@ -131,6 +131,8 @@ class ArrangementResult:
     progress: VnodeProgress
     chunk_rows: int
     cached: list[DataFrame]
+    #: what the MV held of the leaf before this epoch
+    held: Held
 
 
 class ArrangementScan:
@@ -144,9 +146,11 @@ class ArrangementScan:
         if budget > 0 and not progress.is_done:
             new_progress, chunk, n = self._read(upstream, progress, budget, parallelism,
                                                 epoch - 1)
-        change = leaf_change(upstream, delta_u, progress.covered(upstream),
+        covered_before = progress.covered(upstream)
+        change = leaf_change(upstream, delta_u, covered_before,
                              new_progress.covered(upstream), chunk)
-        return ArrangementResult(change, new_progress, n, [] if chunk is None else [chunk])
+        return ArrangementResult(change, new_progress, n, [] if chunk is None else [chunk],
+                                 Held(epoch - 1, covered_before))
 
     def _read(self, upstream: Relation, progress: VnodeProgress, budget: int,
               parallelism: int, epoch: int) -> tuple[VnodeProgress, DataFrame, int]:

@@ -113,8 +113,7 @@ class BackfillScan:
         strategy = mv.options.strategy
         if isinstance(state, Done):  # a finished leaf: all of its changes flow
             change = leaf_change(upstream, delta_u, F.lit(True), F.lit(True), None)
-            return ScanResult(change, state, pinned_epoch, 0, [], held=Held(epoch - 1,
-                                                                            F.lit(True)))
+            return ScanResult(change, state, pinned_epoch, 0, [])
         pos = state.pos if isinstance(state, InProgress) else None
         done_rows = rows_done(state)
         if strategy == "buffer":
@@ -124,7 +123,8 @@ class BackfillScan:
         chunk, new_pos, n = self._chunk(upstream, epoch - 1, pos, chunk_limit,
                                         upstream.row_count)
         cached = [chunk] if chunk is not None else []
-        change = leaf_change(upstream, delta_u, position_covered(pos, upstream),
+        covered_before = position_covered(pos, upstream)
+        change = leaf_change(upstream, delta_u, covered_before,
                              position_covered(new_pos, upstream), chunk)
         if new_pos is not None and new_pos.is_end:
             new_state: BackfillState = Done(done_rows + n)
@@ -133,7 +133,7 @@ class BackfillScan:
         else:
             new_state = InProgress(new_pos, done_rows + n)
         return ScanResult(change, new_state, pinned_epoch, n, cached,
-                          held=Held(epoch - 1, position_covered(pos, upstream)))
+                          held=Held(epoch - 1, covered_before))
 
     def _run_buffer(self, job: tuple[int, int], upstream: Relation, state: BackfillState,
                     pinned_epoch: int | None, limit: int | None, delta_u: DataFrame | None,
@@ -157,11 +157,11 @@ class BackfillScan:
             return ScanResult(change, new_state, pinned_epoch, n, cached,
                               held=Held(pinned_epoch, position_covered(pos, upstream)))
         span = self._span_changelog(upstream, buffer)
-        change = leaf_change(upstream, span, position_covered(pos, upstream), F.lit(True),
-                             chunk)
+        covered_before = position_covered(pos, upstream)
+        change = leaf_change(upstream, span, covered_before, F.lit(True), chunk)
         self.buffers.pop(job, None)
         return ScanResult(change, Done(total), pinned_epoch, n, cached,
-                          held=Held(pinned_epoch, position_covered(pos, upstream)))
+                          held=Held(pinned_epoch, covered_before))
 
     def _span_changelog(self, upstream: Relation, buffer: list[pa.Table]) -> DataFrame | None:
         """One changelog from the pinned snapshot to now: per key, the before-image

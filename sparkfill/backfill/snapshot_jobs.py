@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from ..dataflow.change import Change, Emit
 from ..dataflow.changelog import span_change
@@ -189,11 +188,10 @@ class SnapshotJobs:
                    if f.kind == "log" and f.epoch_max > position)
         if any(c is not None for c in changes):
             # the MV holds each leaf as it was at ``position``
-            held = [Held(position, F.lit(True)) for _ in leaves]
             result = self.dataflow.run(
                 mv, leaves, self.catalog.states_of(mv), changes, upto, False, emit_as(upto),
-                hint, held=[partial(held_rows, self.store, leaf, h)
-                            for leaf, h in zip(leaves, held, strict=True)])
+                hint, held=[partial(held_rows, self.store, leaf, Held(position))
+                            for leaf in leaves])
             result.tag = upto
         progress = [ProgressRow(mv.id, i, WHOLE, "done", None, done.get(i, 0), upto)
                     for i in range(len(leaves))]

@@ -119,17 +119,19 @@ def leaf_change(upstream: Relation, delta_u: DataFrame | None,
 
 @dataclass(frozen=True)
 class Held:
-    """The rows of a leaf a creating MV held before an epoch: the leaf's snapshot at
-    ``epoch`` where ``covered`` (over its columns and ``_vnode``). An aggregate reads
-    them only to find a min/max that a retraction took away."""
+    """The rows of a leaf an MV held before an epoch: the leaf's snapshot at ``epoch``
+    where ``covered`` (over its columns and ``_vnode``; None: every row). An aggregate
+    reads them only to find a min/max that a retraction took away."""
 
     epoch: int
-    covered: SparkColumn
+    covered: SparkColumn | None = None
 
 
 def held_rows(store: RelationStore, leaf: Relation, held: Held) -> DataFrame:
     """The rows ``held`` names, as ``leaf``'s columns."""
-    rows = store.snapshot(leaf.stored, held.epoch, bulk=True).where(held.covered)
+    rows = store.snapshot(leaf.stored, held.epoch, bulk=True)
+    if held.covered is not None:
+        rows = rows.where(held.covered)
     return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))
 
 

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from ..backfill.arrangement import ArrangementScan, VnodeProgress
 from ..backfill.scan import BackfillScan
@@ -874,7 +873,7 @@ class EpochCoordinator:
             emit = appends.emitter(may_wait=True, may_retract=any(retracts(c) for c in ops))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
                                       [appends.rows(leaf.id) for leaf in leaves],
-                                      held=[self._held(leaf, Held(epoch - 1, F.lit(True)))
+                                      held=[self._held(leaf, Held(epoch - 1))
                                             for leaf in leaves]),
                     [], hint)
         if rel.id in plan.get("queued", []):
@@ -893,7 +892,7 @@ class EpochCoordinator:
                                    initial, appends.emitter(), hint,
                                    [appends.rows(leaf.id) + s.chunk_rows
                                     for leaf, s in zip(leaves, scans, strict=True)],
-                                   held=[self._held(leaf, s.held or Held(epoch - 1, F.lit(True)))
+                                   held=[self._held(leaf, s.held or Held(epoch - 1))
                                          for leaf, s in zip(leaves, scans, strict=True)])
         return result, scans, hint
 
@@ -994,8 +993,7 @@ class EpochCoordinator:
             return ScanResult(
                 result.change, Done(result.progress.rows_done) if done else InProgress(
                     END, result.progress.rows_done), None, result.chunk_rows, result.cached,
-                result.progress.to_rows(rel.id, since=progress, leaf=leaf),
-                held=Held(epoch - 1, progress.covered(upstream)))
+                result.progress.to_rows(rel.id, since=progress, leaf=leaf), held=result.held)
         state, pinned = state_from_rows(rows)
         return self.scan.run(rel, leaf, upstream, state, pinned, limit, delta_u, epoch)
 
