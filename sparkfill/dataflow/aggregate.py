@@ -225,26 +225,24 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                           f"THEN 1 END) AS {q(name + '_in_n')}",
                           f"count(CASE WHEN {weight} < 0 AND {x} = {q('_sf_wo' + name)} "
                           f"THEN 1 END) AS {q(name + '_out_n')}"]
-    # the Δ's rows, each with its group's arriving and leaving extremes (a window over
-    # a small Δ, partitioned as the aggregation that follows groups it)
+    # the Δ's rows, each with its group's arriving and leaving extremes: a bulk Δ of
+    # few groups computes them per group first and joins them to its rows by a
+    # broadcast (no exchange of the rows); a small one by a window, partitioned as
+    # the aggregation that follows groups it
+    extremes = [(f"{kind}(CASE WHEN {weight} {sign} 0 THEN {q(arg)} END)", q(prefix + name))
+                for name, kind, arg in ties
+                for sign, prefix in ((">", "_sf_wi"), ("<", "_sf_wo"))]
     delta_rows = "{_sf_delta}"
     if ties and few_groups:
-        # a bulk Δ of few groups: the extremes per group computed first, and joined
-        # to the Δ's rows by a broadcast (no exchange of the rows)
-        extremes = [f"{kind}(CASE WHEN {weight} {sign} 0 THEN {q(arg)} END) AS "
-                    f"{q(prefix + name)}"
-                    for name, kind, arg in ties for sign, prefix in ((">", "_sf_wi"),
-                                                                    ("<", "_sf_wo"))]
+        per_group = ", ".join(f"{sql} AS {alias}" for sql, alias in extremes)
         delta_rows = (f"(SELECT /*+ BROADCAST(_sf_e) */ _sf_dd.*, _sf_e.* FROM {{_sf_delta}} "
-                      f"AS _sf_dd JOIN (SELECT {GROUP_OF_ROW} AS _sf_ekey, "
-                      f"{', '.join(extremes)} FROM {{_sf_delta}} GROUP BY {GROUP_OF_ROW}) "
+                      f"AS _sf_dd JOIN (SELECT {GROUP_OF_ROW} AS _sf_ekey, {per_group} "
+                      f"FROM {{_sf_delta}} GROUP BY {GROUP_OF_ROW}) "
                       f"AS _sf_e ON _sf_dd.{GROUP_OF_ROW} = _sf_e._sf_ekey) AS _sf_dw")
     elif ties:
-        windows = [f"{kind}(CASE WHEN {weight} {sign} 0 THEN {q(arg)} END) OVER "
-                   f"(PARTITION BY {GROUP_OF_ROW}) AS {q(prefix + name)}"
-                   for name, kind, arg in ties for sign, prefix in ((">", "_sf_wi"),
-                                                                   ("<", "_sf_wo"))]
-        delta_rows = f"(SELECT *, {', '.join(windows)} FROM {{_sf_delta}}) AS _sf_dw"
+        windows = ", ".join(f"{sql} OVER (PARTITION BY {GROUP_OF_ROW}) AS {alias}"
+                            for sql, alias in extremes)
+        delta_rows = f"(SELECT *, {windows} FROM {{_sf_delta}}) AS _sf_dw"
     # the signed Δ per group, left-joined to the touched groups' old values (the MV's
     # rows, distributed by group), each with its whole row as the before-image of the
     # group's change; a sort-merge join: over the one partition of small reads it
