@@ -96,25 +96,23 @@ def leaf_change(upstream: Relation, delta_u: DataFrame | None,
 
     Before-images count only where the MV already holds the key
     (``covered_before``); after-images count where the key is covered after this
-    epoch (``covered_after``); chunk rows count unless the epoch changed their key.
+    epoch (``covered_after``); chunk rows count unless the epoch changed their key,
+    as the change's ``fresh`` rows (no other image shares their keys).
     """
     if delta_u is None and chunk is None:
         return None
     up_cols = [c.name for c in upstream.columns]
-    afters: list[DataFrame] = []
-    before: DataFrame | None = None
-    if delta_u is not None:
-        before = before_images(delta_u).where(covered_before).select(*up_cols)
-        afters.append(after_images(delta_u).where(covered_after).select(*up_cols))
+    fresh = None
     if chunk is not None:
         if delta_u is not None:
             chunk = chunk.join(delta_u.select(*upstream.key).distinct(), list(upstream.key),
                                "left_anti")
-        afters.append(chunk.select(*up_cols))
-    after = afters[0]
-    for extra in afters[1:]:
-        after = after.unionByName(extra)
-    return Change(before, after)
+        fresh = chunk.select(*up_cols)
+    if delta_u is None:
+        assert fresh is not None
+        return Change(None, fresh)
+    before = before_images(delta_u).where(covered_before).select(*up_cols)
+    return Change(before, after_images(delta_u).where(covered_after).select(*up_cols), fresh)
 
 
 @dataclass(frozen=True)

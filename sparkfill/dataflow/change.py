@@ -10,7 +10,7 @@ rows at ``e``: every key a Δ touches is replaced by its after-image, if any.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,10 +31,24 @@ class Change:
     """One epoch's change of a set of rows: ``before`` rows leave, ``after`` rows
     arrive (whole images, at most one per key on each side). ``before`` None: no row
     leaves (a backfill's chunk of rows new to the MV), so the change's changelog is its
-    ``after`` rows as insertions, without pairing images by key."""
+    ``after`` rows as insertions, without pairing images by key. ``fresh``: more
+    arriving rows whose keys neither ``before`` nor ``after`` holds (a backfill's chunk
+    of rows new to the MV beside the upstream's own changes): insertions that never
+    need pairing, so the chunk's rows skip the exchange that pairs the others."""
 
     before: DataFrame | None
     after: DataFrame
+    fresh: DataFrame | None = None
+
+    def arrivals(self) -> DataFrame:
+        """Every arriving row: ``after`` and ``fresh``."""
+        return self.after if self.fresh is None else self.after.unionByName(self.fresh)
+
+    def mapped(self, f: Callable[[DataFrame], DataFrame]) -> Change:
+        """This change with ``f`` (a row-wise map that keeps keys apart: a filter and
+        projection that keeps the key) applied to each part."""
+        return Change(None if self.before is None else f(self.before), f(self.after),
+                      None if self.fresh is None else f(self.fresh))
 
 
 def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:

@@ -51,19 +51,27 @@ def touched_keys(delta: DataFrame, key: Sequence[str]) -> DataFrame:
 
 
 def consolidate(before: DataFrame | None, after: DataFrame, columns: Sequence[str],
-                key: Sequence[str], dist_key: Sequence[str] | None = None) -> DataFrame:
+                key: Sequence[str], dist_key: Sequence[str] | None = None,
+                fresh: DataFrame | None = None) -> DataFrame:
     """The changelog that turns the ``before`` rows into the ``after`` rows.
 
     Both inputs hold at most one row per key (``columns`` include the key);
     the output has ``columns``, ``_vnode`` (the hash of ``dist_key``, a part of
     the key; the whole key by default) and ``_op``. ``before`` None: no rows (a
     first fill), so every ``after`` row is a ``+`` and no exchange pairs images.
+    ``fresh``: more rows of ``after``'s columns whose keys neither input holds: each a
+    ``+``, never paired (``Change.fresh``).
     """
     key = list(key)
+
+    def inserted(rows: DataFrame) -> DataFrame:
+        return rows.selectExpr(*[quoted(c) for c in columns],
+                               f"{vnode_sql([quoted(k) for k in dist_key or key])} AS {VNODE}",
+                               f"'+' AS {OP}")
     if before is None:
-        return after.selectExpr(*[quoted(c) for c in columns],
-                                f"{vnode_sql([quoted(k) for k in dist_key or key])} AS {VNODE}",
-                                f"'+' AS {OP}")
+        return inserted(after if fresh is None else after.unionByName(fresh))
+    if fresh is not None:
+        return consolidate(before, after, columns, key, dist_key).unionByName(inserted(fresh))
     keys = ", ".join(quoted(k) for k in key)
     # the images of a key paired by a window over the key, not a full outer join:
     # one exchange (none over one partition) instead of one per side, and the

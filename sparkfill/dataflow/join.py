@@ -73,7 +73,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         other = states[1 - side]
         written.append(None if change is None else emit(state, consolidate(
             None if change.before is None else side_rows(plan, side, change.before, state),
-            side_rows(plan, side, change.after, state),
+            side_rows(plan, side, change.arrivals(), state),
             cols, state.key, (JOIN_KEY,)),
             rows_hint if leaf_rows is None else leaf_rows[side],
             deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS,

@@ -114,10 +114,9 @@ class MvDataflow:
             return result
         if plan.agg is None:
             if rows is not None:
-                before = rows.before
-                result.delta = consolidate(None if before is None
-                                           else before.selectExpr(*names_sql(names)),
-                                           rows.after.selectExpr(*names_sql(names)), names, mv.key)
+                picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
+                result.delta = consolidate(picked.before, picked.after, names, mv.key,
+                                           fresh=picked.fresh)
             return result
         if rows is not None and aggregate.keeps_input(plan.agg):
             # a running or a global aggregate reads its state whole when the Δ's keys
@@ -133,7 +132,7 @@ class MvDataflow:
             # before-image counts), so its Δ is the aggregate over them, as a batch
             # query computes it, with partial aggregation; its groups are counted
             # first, so its write is sized by them
-            after = stage_input_rows(plan, states[-1], rows.after)
+            after = stage_input_rows(plan, states[-1], rows.arrivals())
             out, groups = aggregate.evaluate_counted(mv, plan, after, result.cached)
             self.store.spark_jobs += 1
             result.rows_hint = groups
@@ -181,10 +180,9 @@ class MvDataflow:
     def _stage_delta(self, plan: MvPlan, state: Relation, rows: Change) -> DataFrame:
         """The row stage's change as a changelog of the aggregate's or the window's
         state table (distributed by its first key column)."""
-        return consolidate(
-            None if rows.before is None else stage_input_rows(plan, state, rows.before),
-            stage_input_rows(plan, state, rows.after),
-            [c.name for c in state.columns], state.key, state.key[:1])
+        staged = rows.mapped(lambda part: stage_input_rows(plan, state, part))
+        return consolidate(staged.before, staged.after, [c.name for c in state.columns],
+                           state.key, state.key[:1], staged.fresh)
 
     def _unkept_stage_input(self, mv: Relation, plan: MvPlan, state: Relation, rows: Change,
                             rows_hint: int) -> Unkept:

@@ -49,5 +49,4 @@ def row_change(plan: MvPlan, change: Change | None) -> Change | None:
     each filtered and projected."""
     if change is None:
         return None
-    before = None if change.before is None else project(plan, [change.before])
-    return Change(before, project(plan, [change.after]))
+    return change.mapped(lambda rows: project(plan, [rows]))

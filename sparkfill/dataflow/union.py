@@ -37,6 +37,6 @@ def union_delta(mv: Relation, plan: MvPlan, changes: Sequence[Change | None],
     picked = names_sql(names)
     leaving = [project_branch(plan, i, c.before).selectExpr(*picked) for i, c in moved
                if c.before is not None]
-    after = union_all([project_branch(plan, i, c.after) for i, c in moved])
+    after = union_all([project_branch(plan, i, c.arrivals()) for i, c in moved])
     return consolidate(union_all(leaving) if leaving else None, after.selectExpr(*picked),
                        names, mv.key)
