@@ -255,3 +255,43 @@ def test_a_chunk_reads_whole_vnodes_when_they_fit_and_stops_inside_one_otherwise
         assert not any(in_progress), in_progress
     else:
         assert in_progress[0] > 0, in_progress
+
+
+def test_a_budget_over_the_whole_snapshot_reads_it_in_one_epoch_uncounted(engine, spark):
+    """A budget that holds the whole snapshot reads it in the job's first epoch as a
+    blocking CREATE does: no cache and no count job (its rows are the table's count
+    in the catalog); the MV is created and exact while DML flows, every vnode is done
+    and the vnodes' rows add up to the table's rows when the job started."""
+    rng = random.Random(31)
+    engine.sql(create_table_sql("t"))
+    engine.insert("t", [random_row(rng, k) for k in range(900)])
+    engine.step()
+    _dml(engine, rng, 1200)
+    engine.step()
+    rows_then = engine.read("t").count()
+    engine.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill_chunk_rows = 5000) AS "
+               f"{mv_sql(MV, 't')}")
+    _dml(engine, rng, 1200)
+    report = engine.step()
+    assert engine.progress("m").state == "created"
+    assert report.spark_jobs <= 3, f"a count job ran: {report.spark_jobs} Spark jobs"
+    states = _vnode_states(engine, "m")
+    assert states == ["done"] * 256, states
+    assert engine.progress("m").rows_done == rows_then
+    check_mv(engine, spark, "m", MV, "t", report.epoch)
+
+
+@pytest.mark.parametrize(("total", "weights", "expected"), [
+    (10, [1.0, 1.0, 1.0], [4, 3, 3]),
+    (7, [0.0, 0.0], [4, 3]),
+    (5, [0.0, 3.0, 1.0], [0, 4, 1]),
+    (0, [1.0, 2.0], [0, 0]),
+    (3, [], []),
+])
+def test_a_whole_snapshot_count_is_apportioned_to_vnodes_exactly(total, weights, expected):
+    """The rows of a whole snapshot read in one epoch are the catalog's count, split
+    over the vnodes by their estimates: whole numbers summing to the count."""
+    from sparkfill.backfill.arrangement import apportion
+    shares = apportion(total, weights)
+    assert shares == expected
+    assert sum(shares) == (total if weights else 0)

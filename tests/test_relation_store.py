@@ -473,14 +473,21 @@ _IMAGE = st.dictionaries(st.tuples(st.integers(0, 3), st.sampled_from(["x", None
                                    st.lists(st.integers(0, 2), max_size=2)), max_size=8)
 
 
+#: rows whose keys no before/after image holds (``Change.fresh``: a chunk's rows)
+_FRESH = st.dictionaries(st.tuples(st.integers(10, 12), st.sampled_from(["x", None])),
+                         st.tuples(st.sampled_from(["a", None]),
+                                   st.lists(st.integers(0, 2), max_size=2)), max_size=4)
+
+
 @settings(max_examples=12, deadline=None)
-@given(before=_IMAGE, after=_IMAGE, one_partition=st.booleans())
+@given(before=_IMAGE, after=_IMAGE, fresh=st.none() | _FRESH, one_partition=st.booleans())
 def test_consolidate_turns_before_into_after_with_one_change_per_key(
-        spark, before, after, one_partition):
+        spark, before, after, fresh, one_partition):
     """Property: over any before/after images (a two-column key whose second part
-    may be NULL, nullable and nested values), the changelog holds one net change
-    per key — none for an unchanged row — and applied to ``before`` gives
-    ``after``; so whether the inputs are one partition or several."""
+    may be NULL, nullable and nested values), and fresh rows of keys neither holds,
+    the changelog holds one net change per key — none for an unchanged row, a ``+``
+    for each fresh row — and applied to ``before`` gives ``after`` and the fresh
+    rows; so whether the inputs are one partition or several."""
     schema = "k bigint, j string, v string, arr array<int>"
 
     def frame(rows):
@@ -488,8 +495,9 @@ def test_consolidate_turns_before_into_after_with_one_change_per_key(
                                    schema)
         return df.coalesce(1) if one_partition else df.repartition(3)
 
-    out = consolidate(frame(before), frame(after), ["k", "j", "v", "arr"], ["k", "j"]
-                      ).collect()
+    out = consolidate(frame(before), frame(after), ["k", "j", "v", "arr"], ["k", "j"],
+                      fresh=None if fresh is None else frame(fresh)).collect()
+    after = {**after, **(fresh or {})}
     changes: dict = {}
     for r in out:
         changes.setdefault((r.k, r.j), []).append((r[OP], (r.v, tuple(r.arr))))

@@ -192,19 +192,22 @@ class ArrangementScan:
                     .withColumn("_sf_rn", F.row_number().over(order))
                     .where(F.col("_sf_rn") <= quota).drop("_sf_rn"))
             aggs.append(F.max(position_struct(up.key_columns)).alias("last"))
-        # a quota's rows are cached (numbering them is a shuffle and a sort); vnodes read
-        # whole are not: each reader of the chunk (this count, the MV's Δ) scans their
-        # files again, which costs less than building a cache of millions of rows
-        # (a first chunk of 4M rows: 7.1 s cached, against 0.5-1 s a scan)
-        chunk = rows if whole else rows.persist(StorageLevel.MEMORY_AND_DISK)
-        if whole and len(active) == VNODE_COUNT and not started:
-            # the whole snapshot, in one epoch: its rows are the upstream's count at
-            # ``epoch`` (the catalog's), so no job counts them; each vnode's share of
-            # the count (progress only) follows the file statistics
+        cached = not (whole and len(active) == VNODE_COUNT and not started)
+        if not cached:
+            # the whole snapshot, in one epoch, read as a blocking CREATE reads it: not
+            # cached, each reader of the chunk (the MV's Δ) scans the files, which
+            # costs less than a cache of millions of rows (4M rows: 7.1 s to cache,
+            # 1.2 s a scan); its rows are the upstream's count at ``epoch`` (the
+            # catalog's), so no job counts them, and each vnode's share of the count
+            # (progress only) follows the file statistics
+            chunk = rows
             shares = apportion(upstream.row_count, [estimate[v] for v in active])
             stats: dict[int, tuple[int, Any]] = {
                 v: (n, None) for v, n in zip(active, shares, strict=True)}
         else:
+            # cached: numbering a quota's rows is a shuffle and a sort, and vnodes read
+            # whole share files with the vnodes not read (each reader would scan them)
+            chunk = rows.persist(StorageLevel.MEMORY_AND_DISK)
             stats = {int(r["v"]): (int(r["n"]), None if whole else r["last"])
                      for r in chunk.groupBy(F.col(VNODE).alias("v")).agg(*aggs).collect()}
             self.store.spark_jobs += 1
@@ -220,4 +223,4 @@ class ArrangementScan:
             else:
                 key = tuple(last[f"k{i}"] for i in range(len(up.key)))
                 states[v] = InProgress(Position(v, key), done_rows + n_v)
-        return VnodeProgress(tuple(states)), chunk, total, not whole
+        return VnodeProgress(tuple(states)), chunk, total, cached
