@@ -98,8 +98,10 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     if not weights:
         return []
     w = [max(0.0, x) for x in weights]
-    scale = sum(w) or float(len(w))
-    exact = [total * (x if sum(w) else 1.0) / scale for x in w]
+    if not any(w):
+        w = [1.0] * len(w)
+    scale = sum(w)
+    exact = [total * x / scale for x in w]
     shares = [math.floor(x) for x in exact]
     for i in sorted(range(len(w)), key=lambda i: shares[i] - exact[i])[:total - sum(shares)]:
         shares[i] += 1

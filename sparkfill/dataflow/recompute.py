@@ -199,9 +199,9 @@ def mapped_change(mv: Relation, states: Sequence[Relation], target: Target,
 
     def rows(of: DataFrame) -> DataFrame:
         return leaf_part(mv, states, leaf, of).selectExpr(*names_sql(names))
-    return consolidate(None if change.before is None else rows(change.before),
-                       rows(change.after), names, target.rel.key, target.dist or None,
-                       None if change.fresh is None else rows(change.fresh))
+    picked = change.mapped(rows)
+    return consolidate(picked.before, picked.after, names, target.rel.key,
+                       target.dist or None, picked.fresh)
 
 
 def difference(store: RelationStore, target: Target, epoch: int) -> DataFrame:
