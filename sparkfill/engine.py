@@ -299,6 +299,7 @@ class Engine:
                 self.store.remove_unreferenced_dir(rel.stored, dir_)
             self.meta.remove_pending_dir(dir_)
         self.stager.remove_orphans()
+        self.coordinator.snapshots.remove_orphans({r.id for r in self.catalog.all()})
         for rel in self.catalog.all():
             if rel.kind == "mv" and rel.state == "creating" and rel.options \
                     and rel.options.strategy == "buffer":

@@ -221,7 +221,12 @@ def test_chunk_files_no_marker_names_are_never_read(warehouse, spark, monkeypatc
             where.mkdir(parents=True, exist_ok=True)
             for i, f in enumerate(stray):
                 shutil.copy(f, where / f"part-zombie-{i}.parquet")
+    # a job dir no MV owns (a late writer of a cancelled job) is removed on open
+    orphan = job_dir.parent / "999999" / "leaf0"
+    orphan.mkdir(parents=True)
+    shutil.copy(stray[0], orphan / "part-late.parquet")
     with Engine(warehouse, spark=spark) as eng:
+        assert not orphan.parent.exists() and job_dir.exists()
         work = Workload(eng, spark, "t", random.Random(78), key_space=1500)
         _wait_for(eng, work, "j", lambda p: p.state == "created")
         assert eng.verify("j").count() == 0

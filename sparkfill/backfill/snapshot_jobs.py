@@ -40,6 +40,8 @@ __all__ = ["SnapshotJobs", "SnapshotStep", "CATCH_UP_EPOCHS"]
 CATCH_UP_EPOCHS = 16
 #: lag samples kept to tell a lag that keeps growing
 LAG_WINDOW = 5
+#: how long a cancelled job's directory is watched for its Spark tasks' late writes
+LATE_WRITE_SECONDS = 2.0
 WHOLE = -1
 
 
@@ -117,17 +119,45 @@ class SnapshotJobs:
         job.start()
 
     def stop(self, mv_id: int, remove_dir: str | None = None) -> None:
-        """Stop a job's thread (cancelling its Spark jobs); remove its files if asked."""
+        """Stop a job's thread (cancelling its Spark jobs); remove its files if asked.
+
+        A cancelled job's thread returns as soon as its Spark operation is
+        interrupted, but the operation's tasks may still be writing (on a Spark
+        Connect server, tasks die after the client has its error): a directory
+        removed while they write comes back, so a job that was running is removed
+        until it stays gone, for a bounded time. What is still left then is an
+        orphan that the next open removes (``remove_orphans``)."""
         job = self.threads.pop(mv_id, None)
         self.controls.pop(mv_id, None)
+        was_running = job is not None and job.is_alive()
         if job is not None:
             job.cancel()
             job.join(timeout=120)
         if remove_dir is not None:
+            self._remove(remove_dir, settle=LATE_WRITE_SECONDS if was_running else 0.0)
+
+    def _remove(self, job_dir: str, settle: float) -> None:
+        warehouse = self.store.warehouse
+        deadline = time.monotonic() + settle
+        while True:
             try:
-                self.store.warehouse.rmtree(remove_dir)
-            except OSError:  # best effort, as before: a job dir left behind is never read
+                warehouse.rmtree(job_dir)
+            except OSError:  # a late writer is still creating files below it
                 pass
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.25)
+
+    def remove_orphans(self, live_ids: set[int]) -> None:
+        """Remove job directories of MVs that no longer exist (a drop or cancel
+        interrupted after its commit, or a late writer of a cancelled job)."""
+        for uri in self.store.warehouse.list(f"{self.store.root}/_jobs"):
+            name = uri.rsplit("/", 1)[-1]
+            if name.isdigit() and int(name) not in live_ids:
+                try:
+                    self.store.warehouse.rmtree(uri)
+                except OSError:  # left for the next open
+                    pass
 
     def stop_all(self) -> None:
         for mv_id in list(self.threads):
