@@ -9,12 +9,15 @@ epoch's fixed cost and against a blocking CREATE of the same MV.
 
 Classic sessions only (it reads the Spark UI). Usage:
     python bench/backfill_anatomy.py [--rows 1000000] [--changes 1000] [--mv agg]
-        [--strategy default|snapshot|blocking] [--max-epochs 40]
+        [--strategy default|snapshot|blocking] [--max-epochs 40] [--profile N]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import random
 import shutil
 import statistics
@@ -42,6 +45,9 @@ def main() -> int:
     parser.add_argument("--chunk", default="", help="backfill_chunk_rows (default: the engine's)")
     parser.add_argument("--target-ms", default="",
                         help="backfill_target_epoch_ms (0: a fixed chunk of --chunk rows)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile each backfill epoch; print its N costliest sparkfill "
+                             "functions (cumulative; the profiler slows the driver)")
     args = parser.parse_args()
     spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="bf-anatomy-"))
@@ -65,9 +71,14 @@ def main() -> int:
         for _ in range(args.max_epochs):
             dml(eng, keys, args.changes)
             last_job = max((j["jobId"] for j in api("jobs")), default=-1)
+            profiler = cProfile.Profile() if args.profile else None
             t0 = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
             report = eng.step()
             wall = time.perf_counter() - t0
+            if profiler is not None:
+                profiler.disable()
             walls.append(wall)
             chunk = report.backfill_rows.get(name, 0)
             chunks.append(chunk)
@@ -81,6 +92,11 @@ def main() -> int:
                   f"state {eng.progress(name).state}", flush=True)
             if not args.quiet_jobs:
                 print_jobs(api, jobs)
+            if profiler is not None:
+                out = io.StringIO()
+                stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
+                stats.print_stats("sparkfill/", args.profile)
+                print(out.getvalue().split("\n\n", 1)[-1].rstrip(), flush=True)
             if eng.progress(name).state == "created":
                 break
         total = time.perf_counter() - t_create

@@ -48,9 +48,13 @@ def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
 
 
 def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> DataFrame:
-    """A join side's leaf rows as rows of its state table (with their join key)."""
+    """A join side's leaf rows as rows of its state table (with their join key): the
+    rows the WHERE's conjuncts over this side alone pass (``JoinSpec.side_filters``)."""
     assert plan.join is not None
     exprs = [F.expr(e) for e in plan.join.key_exprs[side]]
+    kept = plan.join.side_filters[side]
+    if kept:
+        rows = rows.where(F.expr(kept))
     return rows.withColumn(JOIN_KEY, _json_key(exprs)).select(
         *[c.name for c in state.columns])
 

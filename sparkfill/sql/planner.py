@@ -120,6 +120,10 @@ class JoinSpec:
     #: per side, the Spark SQL expressions (over that side's columns) of the join key,
     #: cast to a common type, so both sides' JSON of equal keys is equal
     key_exprs: tuple[tuple[str, ...], tuple[str, ...]]
+    #: per side, the WHERE's conjuncts over that side's columns alone (Spark SQL over
+    #: them), on a side no NULLs extend: a row they drop would be dropped after the join
+    #: too, so the side's state keeps only the rows they pass (None: every row)
+    side_filters: tuple[str | None, str | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,8 @@ class MvPlan:
             "leaves": [[lf.alias, lf.relation] for lf in self.leaves],
             "join": None if self.join is None else {
                 "how": self.join.how, "on": self.join.on,
-                "key_exprs": [list(k) for k in self.join.key_exprs]},
+                "key_exprs": [list(k) for k in self.join.key_exprs],
+                "side_filters": list(self.join.side_filters)},
             "where": self.where,
             "rows": [list(r) for r in self.rows],
             "row_key": list(self.row_key),
@@ -268,7 +273,9 @@ class MvPlan:
         return MvPlan(
             leaves=tuple(Leaf(x, y) for x, y in d["leaves"]),
             join=None if j is None else JoinSpec(
-                j["how"], j["on"], (tuple(j["key_exprs"][0]), tuple(j["key_exprs"][1]))),
+                j["how"], j["on"], (tuple(j["key_exprs"][0]), tuple(j["key_exprs"][1])),
+                # a plan stored before side filters: its states keep every row
+                _side_filters(j.get("side_filters"))),
             where=d["where"],
             rows=tuple((x, y) for x, y in d["rows"]),
             row_key=tuple(d["row_key"]),
@@ -720,9 +727,27 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
                           else f"CAST({over_side(a)} AS {common})")
         right_exprs.append(f"CAST({over_side(b)} AS {common})")
     side = (join.args.get("side") or "").upper()
-    return JoinSpec(side.lower() if side in ("LEFT", "RIGHT", "FULL") else "inner",
-                    on.sql(dialect="spark"),
-                    (tuple(left_exprs), tuple(right_exprs)))
+    how = side.lower() if side in ("LEFT", "RIGHT", "FULL") else "inner"
+    # the WHERE's conjuncts over one side's columns, on a side no NULLs extend: its
+    # state then keeps only the rows they pass (the row stage applies the whole WHERE
+    # after the join as well)
+    where = select.args.get("where")
+    pushed: list[list[str]] = [[], []]
+    for c in conjuncts(where.this if where is not None else None):
+        try:
+            at = side_of(c)
+        except SqlError:  # a name that is no side's column (a lambda's variable): kept
+            continue
+        if at is not None and at not in NULL_EXTENDED_SIDES[how]:
+            pushed[at].append(over_side(c))
+    filters = tuple(" AND ".join(f"({p})" for p in ps) if ps else None for ps in pushed)
+    return JoinSpec(how, on.sql(dialect="spark"), (tuple(left_exprs), tuple(right_exprs)),
+                    _side_filters(filters))
+
+
+def _side_filters(value: Sequence[str | None] | None) -> tuple[str | None, str | None]:
+    left, right = value if value else (None, None)
+    return (left, right)
 
 
 def _direct_column(item: exp.Expr) -> exp.Column | None:
@@ -1189,9 +1214,12 @@ def explain_plan(name: str, plan: MvPlan, key: Sequence[str]) -> str:
     if plan.join is not None:
         lines.append("  " * depth + f"HashJoin {plan.join.how.upper()}  on={plan.join.on}")
         depth += 1
-        for (alias, rel), role in zip([(lf.alias, lf.relation) for lf in plan.leaves],
-                                      ("left", "right"), strict=True):
-            lines.append("  " * depth + f"BackfillScan {rel} AS {alias}  "
+        for (alias, rel), role, kept in zip([(lf.alias, lf.relation) for lf in plan.leaves],
+                                            ("left", "right"), plan.join.side_filters,
+                                            strict=True):
+            if kept:
+                lines.append("  " * depth + f"Filter  {kept}  (the side's state keeps these)")
+            lines.append("  " * (depth + bool(kept)) + f"BackfillScan {rel} AS {alias}  "
                          f"state={states.get(role)}")
     else:
         leaf = plan.leaves[0]
