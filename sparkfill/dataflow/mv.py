@@ -55,6 +55,11 @@ class DataflowResult:
     #: ``delta`` is already in the partitions its append writes, for the hint it is
     #: appended with (a first load: ``RelationStore.place_by_vnode_range``)
     placed: bool = False
+    #: ``delta`` is a backfill chunk of a filter/project whose rows keep their leaf
+    #: row's vnode (``project.keeps_leaf_vnodes``), in the partitions the leaf's files
+    #: were read in, each of a few contiguous vnodes: written as they are, with no
+    #: exchange into ranges of vnodes (``RelationStore.append``'s ``as_read``)
+    as_read: bool = False
     #: ``delta`` is the rows of these directories' files, written already as the
     #: relation's log files of the epoch (a table's placed first load): linked, not
     #: written again
@@ -117,6 +122,10 @@ class MvDataflow:
                 picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
                 result.delta = consolidate(picked.before, picked.after, names, mv.key,
                                            fresh=picked.fresh)
+                # a backfill chunk (alone: no image leaves; or beside the upstream's
+                # own few changes): its rows, read in the leaf's layout, keep it
+                result.as_read = (rows.before is None or rows.fresh is not None) and \
+                    project.keeps_leaf_vnodes(mv, leaves[0])
             return result
         if rows is not None and aggregate.keeps_input(plan.agg):
             # a running or a global aggregate reads its state whole when the Δ's keys

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sqlglot
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from sqlglot import exp
 
 from ..sql.planner import MvPlan
+from ..storage.catalog import Relation
 from ..storage.schema import names_sql, quoted
 from .change import Change
 
-__all__ = ["filter_project", "project", "row_change"]
+__all__ = ["filter_project", "project", "row_change", "keeps_leaf_vnodes"]
 
 
 def filter_project(df: DataFrame, where: str | None,
@@ -50,3 +53,28 @@ def row_change(plan: MvPlan, change: Change | None) -> Change | None:
     if change is None:
         return None
     return change.mapped(lambda rows: project(plan, [rows]))
+
+
+def keeps_leaf_vnodes(mv: Relation, leaf: Relation) -> bool:
+    """Whether each row of ``mv`` (a filter/project over ``leaf``) lies in the vnode of
+    the leaf row it comes from: the MV's key is the leaf's key, column for column,
+    passed through unchanged (same values, same types), so the vnode hash of one is
+    the vnode hash of the other."""
+    plan = mv.plan
+    if plan is None or plan.join is not None or plan.agg is not None \
+            or plan.window is not None or plan.branches or len(mv.key) != len(leaf.key):
+        return False
+    sql_of = dict(plan.rows)
+    mv_types = {c.name: c.type for c in mv.columns}
+    leaf_types = {c.name: c.type for c in leaf.columns}
+    for mine, theirs in zip(mv.key, leaf.key, strict=True):
+        if mine not in sql_of:
+            return False
+        try:
+            ref = sqlglot.parse_one(sql_of[mine], read="spark")
+        except sqlglot.errors.ParseError:
+            return False
+        if not isinstance(ref, exp.Column) or ref.name != theirs \
+                or mv_types.get(mine) != leaf_types.get(theirs):
+            return False
+    return True

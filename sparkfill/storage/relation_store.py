@@ -750,7 +750,8 @@ class RelationStore:
     def _write_files(self, rel: StoredRelation, df: DataFrame, subdir: str, rows: int,
                      register: bool = True, observation: Observation | None = None,
                      key_column: str | None = None, count_column: str | None = None,
-                     placed: bool = False) -> list[AddAction | RemoveAction]:
+                     placed: bool = False, as_read: bool = False,
+                     ) -> list[AddAction | RemoveAction]:
         """Write ``df`` as Parquet files of vnode ranges under ``subdir`` (one Spark job;
         with ``observation``, the written rows are counted per ``_op`` and their vnodes
         (and the distinct values of ``count_column``, and the values themselves of
@@ -761,12 +762,20 @@ class RelationStore:
         so a read of a few vnodes skips the other row groups, while the write pays
         for a tenth of the files. The rows are not sorted (a sort would cost a fifth
         of the write). ``placed``: ``df`` is already in those ranges
-        (``place_by_vnode_range`` of the same ``rows``)."""
+        (``place_by_vnode_range`` of the same ``rows``). ``as_read``: each partition
+        of ``df`` already holds a few contiguous vnodes (rows that keep the vnodes of
+        the files they were read from): a file each, as they are, no exchange (a
+        file's statistics bound its vnodes, whatever its partition held)."""
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         n_ranges = self.vnode_ranges(rows)
         n_files = max(1, math.ceil(n_ranges / self.file_row_groups))
-        ordered, sampled = (df, False) if placed else _by_vnode_range(df, n_ranges, rel.key)
+        if as_read:
+            ordered, sampled, n_files = df, False, n_ranges
+        elif placed:
+            ordered, sampled = df, False
+        else:
+            ordered, sampled = _by_vnode_range(df, n_ranges, rel.key)
         if n_files < n_ranges:
             # consecutive ranges into one file each, in order (no second shuffle)
             ordered = ordered.coalesce(n_files)
@@ -860,13 +869,16 @@ class RelationStore:
 
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
                rows_hint: int, collect_keys: bool = False,
-               placed: bool = False, prepared: Sequence[str] = ()) -> Appended | None:
+               placed: bool = False, prepared: Sequence[str] = (),
+               as_read: bool = False) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
         job; None when it is empty (nothing is committed). ``rows_hint``: about how
         many rows it holds (it sets the number of files). ``collect_keys``: bring the
         first key column's distinct values to the driver (``Appended.keys``) when
         there are at most ``KEY_VALUES``. ``placed``: ``delta`` is in the partitions
-        of ``place_by_vnode_range(rows_hint)``. ``prepared``: ``delta`` is the rows
+        of ``place_by_vnode_range(rows_hint)``. ``as_read``: each of ``delta``'s
+        partitions holds rows of a few contiguous vnodes (as read from files of vnode
+        ranges): each is written as a file, with no exchange. ``prepared``: ``delta`` is the rows
         of these directories' files, written already as this relation's log files of
         ``epoch`` (a placed first load, ``dml``): they are linked in, no row is
         written. Idempotent per epoch: a retried append finds the files the first one
@@ -890,7 +902,7 @@ class RelationStore:
                                         rows_hint, observation=observation,
                                         key_column=key_column,
                                         count_column=rel.key[0] if collect_keys else None,
-                                        placed=placed)
+                                        placed=placed, as_read=as_read)
             observed = _observed(observation.get)
         return self._commit_append(dt, rel, epoch, subdir, actions, observed)
 
