@@ -770,13 +770,11 @@ class RelationStore:
         out = f"{table_path}/{subdir}"
         n_ranges = self.vnode_ranges(rows)
         n_files = max(1, math.ceil(n_ranges / self.file_row_groups))
-        if as_read:
-            ordered, sampled, n_files = df, False, n_ranges
-        elif placed:
+        if as_read or placed:
             ordered, sampled = df, False
         else:
             ordered, sampled = _by_vnode_range(df, n_ranges, rel.key)
-        if n_files < n_ranges:
+        if n_files < n_ranges and not as_read:
             # consecutive ranges into one file each, in order (no second shuffle)
             ordered = ordered.coalesce(n_files)
         schema = physical_struct(rel.columns)
