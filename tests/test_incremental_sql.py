@@ -425,11 +425,16 @@ JOIN_SIDE_FILTERS = {
 
 
 @pytest.mark.parametrize("strategy", ["arrangement", "snapshot"])
-def test_a_join_side_keeps_only_the_rows_its_where_passes(spark, tmp_path, strategy):
+def test_a_join_side_keeps_only_the_rows_its_where_passes(spark, tmp_path, monkeypatch,
+                                                          strategy):
     """The WHERE's conjuncts over one side of a join, on a side no NULLs extend, filter
     that side's rows before its state: the state holds only the rows they pass (an
     update moves a row in and out of it), and every MV equals Spark's batch query at
-    every epoch, created online under random DML of both tables and after a reopen."""
+    every epoch, created online under random DML of both tables and after a reopen.
+    (Every leaf counts as large, so an inner join keeps each side once it is needed.)"""
+    import sparkfill.dataflow.join as join_mod
+
+    monkeypatch.setattr(join_mod, "SCAN_ROWS", 0)
     rng = random.Random(61)
     warehouse = tmp_path / "wh"
     eng = Engine(warehouse, spark=spark)
@@ -449,9 +454,11 @@ def test_a_join_side_keeps_only_the_rows_its_where_passes(spark, tmp_path, strat
         eng.close()
         eng = work.eng = Engine(warehouse, spark=spark)
         report = None
-        for _ in range(3):
+        for i in range(3):
             work.sql_update()  # rows cross the filters' bounds both ways
             dml()
+            dims[i] = {"g": i, "name": "n", "w": 5 + i}  # d changes: each side is needed
+            eng.insert("d", [dims[i]])
             report = eng.step()
         assert report is not None
         for how, (sql, kept) in JOIN_SIDE_FILTERS.items():
@@ -463,6 +470,74 @@ def test_a_join_side_keeps_only_the_rows_its_where_passes(spark, tmp_path, strat
             want = eng.read("t", as_of=report.epoch)
             want = want.where(kept).count() if kept else want.count()
             assert held == want, (name, held, want)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("strategy", ["blocking", "arrangement", "snapshot"])
+def test_an_inner_join_keeps_a_side_only_once_the_other_side_needs_its_rows(
+        spark, tmp_path, monkeypatch, strategy):
+    """An inner join writes no state when it is created: a side's state is kept from
+    the epoch in which the other side's change first needs its rows, and only when its
+    leaf is large; until then its rows are its leaf's. Created online under random DML
+    of ``t`` alone, neither state holds a row (nor those of an MV recomputed every
+    epoch); once ``d`` changes, ``t``'s side holds exactly the rows of ``t`` its WHERE
+    passes and ``d``'s (small) side none. Both MVs equal Spark's batch query at every
+    epoch, under random DML of both tables and through a reopen."""
+    import sparkfill.dataflow.join as join_mod
+
+    monkeypatch.setattr(join_mod, "SCAN_ROWS", 50)  # t (~400 rows) is large, d small
+    rng = random.Random(62)
+    warehouse = tmp_path / "wh"
+    eng = Engine(warehouse, spark=spark)
+    work, dims = start_workload(eng, spark, rng, key_space=600, rows=400)
+    sql = "SELECT x.id, x.v, y.name FROM {t} x JOIN {d} y ON x.g = y.g WHERE x.v % 3 <> 0"
+    try:
+        for name, refresh in (("j", "auto"), ("jf", "full")):
+            eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = '{strategy}', "
+                    f"backfill_chunk_rows = 150, refresh = '{refresh}') AS "
+                    + sql.format(t="t", d="d"))
+        shapes = {name: (sql, ["t", "d"]) for name in ("j", "jf")}
+
+        def state_rows(name: str) -> tuple[int, ...]:
+            states = eng.catalog.states_of(eng.catalog.get(name))
+            return tuple(eng.store.snapshot(s.stored, eng.committed_epoch).count()
+                         for s in states)
+
+        step_checking_until_created(eng, spark, shapes, work.random_epoch_dml, limit=60,
+                                    min_checks=2)
+        for _ in range(2):
+            work.random_epoch_dml()
+            report = eng.step()
+            for name in shapes:
+                check(eng, spark, name, sql, ["t", "d"], report.epoch)
+        assert state_rows("j") == (0, 0)
+        assert state_rows("jf") == (0, 0)
+
+        g = next(iter(dims), 1)  # d changes: t's side is looked up by its join key
+        dims[g] = {"g": g, "name": "changed", "w": 7}
+        eng.insert("d", [dims[g]])
+        work.random_epoch_dml()
+        report = eng.step()
+        for name in shapes:
+            check(eng, spark, name, sql, ["t", "d"], report.epoch)
+        kept_t = eng.read("t", as_of=report.epoch).where("v % 3 <> 0").count()
+        assert state_rows("j") == (kept_t, 0)
+        assert state_rows("jf") == (0, 0)  # a recompute reads the leaves whole
+
+        for reopen in (False, True, False, False):
+            if reopen:
+                eng.close()
+                eng = work.eng = Engine(warehouse, spark=spark)
+            work.random_epoch_dml()
+            dim_dml(eng, rng, dims)
+            report = eng.step()
+            for name in shapes:
+                check(eng, spark, name, sql, ["t", "d"], report.epoch)
+        kept_t = eng.read("t", as_of=report.epoch).where("v % 3 <> 0").count()
+        assert state_rows("j") == (kept_t, 0)
+        for name in shapes:
+            assert eng.verify(name).count() == 0
     finally:
         eng.close()
 

@@ -85,6 +85,11 @@ class VnodeProgress:
     def is_done(self) -> bool:
         return self.vnodes_done == VNODE_COUNT
 
+    @property
+    def is_untouched(self) -> bool:
+        """No vnode's backfill has begun: the MV holds none of the leaf's rows."""
+        return all(isinstance(s, NotStarted) for s in self.states)
+
     def covered(self, upstream: Relation) -> F.Column:
         done = [v for v, s in enumerate(self.states) if isinstance(s, Done)]
         positions = {v: s.pos.key for v, s in enumerate(self.states)
@@ -167,7 +172,7 @@ class ArrangementScan:
                              new_progress.covered(upstream), chunk)
         return ArrangementResult(change, new_progress, n,
                                  [chunk] if chunk is not None and cached else [],
-                                 Held(epoch - 1, covered_before))
+                                 Held(epoch - 1, covered_before, progress.is_untouched))
 
     def _read(self, upstream: Relation, progress: VnodeProgress, budget: int,
               parallelism: int, epoch: int) -> tuple[VnodeProgress, DataFrame, int, bool]:

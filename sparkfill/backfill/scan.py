@@ -133,7 +133,7 @@ class BackfillScan:
         else:
             new_state = InProgress(new_pos, done_rows + n)
         return ScanResult(change, new_state, pinned_epoch, n, cached,
-                          held=Held(epoch - 1, covered_before))
+                          held=Held(epoch - 1, covered_before, empty=pos is None))
 
     def _run_buffer(self, job: tuple[int, int], upstream: Relation, state: BackfillState,
                     pinned_epoch: int | None, limit: int | None, delta_u: DataFrame | None,
@@ -155,13 +155,14 @@ class BackfillScan:
             new_state: BackfillState = (NotStarted() if new_pos is None
                                         else InProgress(new_pos, total))
             return ScanResult(change, new_state, pinned_epoch, n, cached,
-                              held=Held(pinned_epoch, position_covered(pos, upstream)))
+                              held=Held(pinned_epoch, position_covered(pos, upstream),
+                                        empty=pos is None))
         span = self._span_changelog(upstream, buffer)
         covered_before = position_covered(pos, upstream)
         change = leaf_change(upstream, span, covered_before, F.lit(True), chunk)
         self.buffers.pop(job, None)
         return ScanResult(change, Done(total), pinned_epoch, n, cached,
-                          held=Held(pinned_epoch, covered_before))
+                          held=Held(pinned_epoch, covered_before, empty=pos is None))
 
     def _span_changelog(self, upstream: Relation, buffer: list[pa.Table]) -> DataFrame | None:
         """One changelog from the pinned snapshot to now: per key, the before-image

@@ -14,8 +14,9 @@ Invariants:
   reported); only named attempts are read. A killed Spark Connect
   client's write goes on at the server after the kill, so the directory of an
   attempt no marker names may still be filled later: it is never read. Its last
-  step writes the initial rows of the MV and of its state tables (``Q(U(s))``)
-  as files no commit references yet, then a manifest.
+  step writes the initial rows of the MV and of its state tables (``Q(U(s))``;
+  not an inner join's sides, kept by need: ``join.py``) as files no commit
+  references yet, then a manifest.
 * The epoch loop commits the manifest's files as each relation's append of epoch
   ``s`` (idempotent per epoch) and the job's position becomes ``s``.
 * Phases 2 and 3 run in the epoch loop (``SnapshotCatchUp``): with position
@@ -43,6 +44,7 @@ from pyspark.sql import functions as F
 
 from ..dataflow.aggregate import changed_rows_bound, estimate_groups
 from ..dataflow.changelog import union_all
+from ..dataflow.join import born_unkept
 from ..dataflow.recompute import contents, leaf_part
 from ..storage.catalog import Relation
 from ..storage.relation_store import DataFile, RelationStore
@@ -246,8 +248,11 @@ class SnapshotJob(threading.Thread):
                            [leaf_rows.get(i, 0) for i in range(len(self.leaves))])
         manifest: dict[str, Any] = {}
         groups = 0  # observed by the last write: an aggregate's state comes before its MV
+        unkept = born_unkept(self.mv.plan, self.states)
         for target in targets:
             rel, hint = target.rel, target.rows_hint
+            if rel.id in unkept:
+                continue  # its rows are the leaf's at ``s`` (``join.py``)
             if hint is None:  # an aggregate's MV: a row per group its state's write observed
                 hint = changed_rows_bound(groups if groups or target.stage_rows is None
                                           else estimate_groups(target.stage_rows))

@@ -22,7 +22,7 @@ from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
 
-from ..dataflow.change import Change, Emit
+from ..dataflow.change import Change, Emit, HeldRows
 from ..dataflow.changelog import span_change
 from ..dataflow.mv import DataflowResult, MvDataflow
 from ..errors import is_row_error
@@ -220,7 +220,7 @@ class SnapshotJobs:
             # the MV holds each leaf as it was at ``position``
             result = self.dataflow.run(
                 mv, leaves, self.catalog.states_of(mv), changes, upto, False, emit_as(upto),
-                hint, held=[partial(held_rows, self.store, leaf, Held(position))
+                hint, held=[HeldRows(partial(held_rows, self.store, leaf, Held(position)))
                             for leaf in leaves])
             result.tag = upto
         progress = [ProgressRow(mv.id, i, WHOLE, "done", None, done.get(i, 0), upto)

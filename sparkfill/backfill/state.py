@@ -119,10 +119,13 @@ def leaf_change(upstream: Relation, delta_u: DataFrame | None,
 class Held:
     """The rows of a leaf an MV held before an epoch: the leaf's snapshot at ``epoch``
     where ``covered`` (over its columns and ``_vnode``; None: every row). An aggregate
-    reads them only to find a min/max that a retraction took away."""
+    reads them only to find a min/max that a retraction took away; a join side whose
+    state is not kept reads them as that state. ``empty``: ``covered`` holds no row
+    (the backfill has not reached the leaf), so they are known to be none."""
 
     epoch: int
     covered: SparkColumn | None = None
+    empty: bool = False
 
 
 def held_rows(store: RelationStore, leaf: Relation, held: Held) -> DataFrame:

@@ -40,7 +40,7 @@ from ..storage.catalog import Relation
 from ..storage.keyrange import sql_literal, values_in
 from ..storage.relation_store import Appended, RelationStore
 from ..storage.schema import OP, names_sql, quoted, vnode_expr, vnode_sql
-from .change import StateDelta, apply_delta, may_retract
+from .change import HeldRows, StateDelta, apply_delta, may_retract
 from .changelog import AFTER, BEFORE, changelog_sql, consolidate, image_sql
 from .keys import (
     SCAN_ROWS,
@@ -56,11 +56,8 @@ from .statement import sql_over
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
            "grouped_values", "keeps_input", "leaf_extremes", "with_ties", "FEW_GROUPS",
-           "outputs", "evaluate", "state_may_wait", "touched_groups", "HeldRows", "LostInput"]
+           "outputs", "evaluate", "state_may_wait", "touched_groups", "LostInput"]
 
-#: the rows of its one leaf an MV held before the epoch (leaf columns), read only
-#: when an aggregate finds a lost min/max again there
-HeldRows = Callable[[], DataFrame]
 #: the input rows at ``e-1`` of the groups that lost a min/max, from their JSON,
 #: vnodes and group values
 LostInput = Callable[[Sequence[str], Sequence[int], Sequence[tuple[object, ...]]], DataFrame]

@@ -23,7 +23,7 @@ from ..storage.schema import names_sql
 from .changelog import after_images, before_images
 
 __all__ = ["Change", "change_of", "Emit", "Deferred", "Unkept", "StateDelta", "may_retract",
-           "WEIGHT", "signed", "net_change", "apply_delta"]
+           "WEIGHT", "signed", "net_change", "apply_delta", "HeldRows"]
 
 
 @dataclass
@@ -49,6 +49,20 @@ class Change:
         projection that keeps the key) applied to each part."""
         return Change(None if self.before is None else f(self.before), f(self.after),
                       None if self.fresh is None else f(self.fresh))
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """The rows of a leaf an MV held before the epoch (the leaf's columns), read only
+    when asked for: by an aggregate finding a lost min/max again, by a join side
+    whose state is not kept (``join.py``). ``empty``: the MV is known to hold none
+    of them (its backfill has not reached the leaf yet), so nothing need be read."""
+
+    read: Callable[[], DataFrame]
+    empty: bool = False
+
+    def __call__(self) -> DataFrame:
+        return self.read()
 
 
 def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:

@@ -1,14 +1,23 @@
-"""Join: two leaves' rows joined, each side's rows kept in its state table.
+"""Join: two leaves' rows joined, each side's rows in its state table — kept there
+from the first time they must be looked up by key.
 
-Invariant: after epoch ``e`` a join side's state table holds ``V_i(e)``, keyed
-``(join key JSON, leaf key)`` and distributed by join key. The join recomputes
-only the join keys the epoch's changes touch: each side's state at ``e-1``
-looked up by those keys (pruned to their vnodes) is the old input, that state
-with the side's Δ applied the new one, and the row stage over each is the
-change. An inner join follows the bilinear rule instead
+Invariant: a join side's state table is kept or not kept. Kept, after epoch ``e``
+it holds ``V_i(e)``, keyed ``(join key JSON, leaf key)`` and distributed by join
+key. Not kept (an inner join's side whose state has no files at ``e-1``), it holds
+nothing, and ``V_i(e-1)`` is the leaf's rows the MV held (``HeldRows``) mapped by
+``side_rows``: its Δs are not appended. A side is kept from the epoch in which the
+other side's change first needs its rows and its leaf is large: that epoch appends
+all of ``V_i(e)`` as its state's Δ. So a CREATE writes no join state, and a side
+only ever looked up by a small other side's changes (a dimension table's) is never
+written — the state exists by need.
+
+The join recomputes only the join keys the epoch's changes touch: each side's
+state at ``e-1`` looked up by those keys (pruned to their vnodes) is the old
+input, that state with the side's Δ applied the new one, and the row stage over
+each is the change. An inner join follows the bilinear rule instead
 (``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``): each side's Δ looks up only the other
-side's rows of the keys it touched; no side's unchanged rows of a touched key are
-read.
+side's rows of the keys it touched (a side not kept: its held rows, read whole);
+no side's unchanged rows of a touched key are read.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ from .change import (
     WEIGHT,
     Change,
     Emit,
+    HeldRows,
     StateDelta,
+    Unkept,
     apply_delta,
     may_retract,
     net_change,
@@ -38,7 +49,7 @@ from .changelog import after_images, consolidate, union_all
 from .keys import SCAN_ROWS, read_touched, touched_partitions
 from .project import project
 
-__all__ = ["side_rows", "join_change", "inner_join_change"]
+__all__ = ["side_rows", "kept_sides", "born_unkept", "join_change", "inner_join_change"]
 
 
 def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
@@ -59,34 +70,61 @@ def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> Data
         *[c.name for c in state.columns])
 
 
+def kept_sides(store: RelationStore, plan: MvPlan, states: Sequence[Relation],
+               epoch: int) -> list[bool]:
+    """Whether each side's state table is kept in ``epoch``: an outer join's always,
+    an inner join's once it has files at ``epoch - 1``."""
+    assert plan.join is not None
+    return [plan.join.how != "inner" or bool(store.files_at(state.stored, epoch - 1))
+            for state in states[:2]]
+
+
+def born_unkept(plan: MvPlan | None, states: Sequence[Relation]) -> set[int]:
+    """The state tables an MV's first rows leave unwritten (a snapshot job's phase 1):
+    an inner join's sides, kept only once needed."""
+    if plan is None or plan.join is None or plan.join.how != "inner":
+        return set()
+    return {state.id for state in states[:2]}
+
+
 def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
                 states: Sequence[Relation], changes: Sequence[Change | None], epoch: int,
                 emit: Emit, rows_hint: int, leaf_rows: Sequence[int] | None = None,
-                ) -> Change | None:
+                held: Sequence[HeldRows] | None = None) -> Change | None:
     """The join's rows before and after this epoch, for the join keys it touched;
-    each side's state table takes that side's change. ``rows_hint``: about how many
-    rows the changes hold, ``leaf_rows`` (when known) each side's share, which sizes
-    that side's state write."""
+    each kept side's state table takes that side's change. ``rows_hint``: about how
+    many rows the changes hold, ``leaf_rows`` (when known) each side's share, which
+    sizes that side's state write; ``held[i]``: the rows of leaf ``i`` the MV held
+    before the epoch (without them every side is kept)."""
     assert plan.join is not None
+    inner = plan.join.how == "inner"
+    kept = [True, True] if held is None else kept_sides(store, plan, states, epoch)
     written: list[StateDelta | None] = []
     for side, change in enumerate(changes):
         state = states[side]
         cols = [col.name for col in state.columns]
-        # an inner join looks up the other side's state by this side's keys: a small
-        # one is read whole, so this side's append may wait for the epoch's flush
-        other = states[1 - side]
-        written.append(None if change is None else emit(state, consolidate(
+        if change is None:
+            written.append(None)
+            continue
+        delta = consolidate(
             None if change.before is None else side_rows(plan, side, change.before, state),
-            side_rows(plan, side, change.arrivals(), state),
-            cols, state.key, (JOIN_KEY,)),
-            rows_hint if leaf_rows is None else leaf_rows[side],
-            deferrable=plan.join.how == "inner" and other.row_count <= SCAN_ROWS,
-            rewritable=plan.join.how == "inner"))
+            side_rows(plan, side, change.arrivals(), state), cols, state.key, (JOIN_KEY,))
+        if not kept[side]:
+            written.append(Unkept(delta, change.before is not None))
+            continue
+        # an inner join looks up the other side's state by this side's keys: a small
+        # one (or a side not kept, read whole) is read whole, so this side's append may
+        # wait for the epoch's flush
+        other = states[1 - side]
+        written.append(emit(
+            state, delta, rows_hint if leaf_rows is None else leaf_rows[side],
+            deferrable=inner and other.row_count <= SCAN_ROWS, rewritable=inner))
     moved = [w for w in written if w is not None]
     if not moved:
         return None
-    if plan.join.how == "inner":
-        return inner_join_change(store, plan, leaves, states, written, epoch, rows_hint)
+    if inner:
+        return inner_join_change(store, plan, leaves, states, written, epoch, rows_hint,
+                                 kept, held, emit)
     appended = [w for w in moved if isinstance(w, Appended)]
     assert len(appended) == len(moved)  # only an inner join's appends wait
     keys = touched_partitions(appended, JOIN_KEY)
@@ -104,9 +142,17 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
     return Change(project(plan, olds), project(plan, news))
 
 
+def _held_side(plan: MvPlan, side: int, state: Relation, held: HeldRows) -> DataFrame:
+    """``V_side(e-1)`` of a side not kept: the leaf's held rows as state rows."""
+    return side_rows(plan, side, held(), state).selectExpr(
+        *names_sql(c.name for c in state.columns))
+
+
 def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
                       states: Sequence[Relation], written: Sequence[StateDelta | None],
-                      epoch: int, rows_hint: int) -> Change | None:
+                      epoch: int, rows_hint: int, kept: Sequence[bool] = (True, True),
+                      held: Sequence[HeldRows] | None = None,
+                      emit: Emit | None = None) -> Change | None:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
     touched (``B`` before this epoch's change, ``A`` after it), and the signed
@@ -114,10 +160,13 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
     ``rows_hint``: about how many rows the sides' Δs hold.
 
     A side's state empty at ``e-1`` (a first fill) is not read: its term is empty,
-    or, for ``A(e)``, ``ΔA``'s rows. When no Δ retracts, no output row leaves and
-    the terms are disjoint (a ``+`` is a key new to its side, so a pair arises in one
-    term only): the change is their rows as insertions, not netted by an exchange.
-    None: no term has rows (each side's Δ meets an empty other side)."""
+    or, for ``A(e)``, ``ΔA``'s rows. A side not kept (``kept``) is its held rows
+    (``held``), read whole; when its leaf is large, its state is kept from now on:
+    ``emit`` appends all of its rows at ``e`` as the state's Δ. When no Δ retracts,
+    no output row leaves and the terms are disjoint (a ``+`` is a key new to its
+    side, so a pair arises in one term only): the change is their rows as
+    insertions, not netted by an exchange. None: no term has rows (each side's Δ
+    meets an empty other side)."""
     terms = []
     retracting = any(w is not None and may_retract(w) for w in written)
     for side in (0, 1):
@@ -128,9 +177,24 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         state = states[other]
         state_cols = [c.name for c in state.columns]
         theirs = written[other]
-        if files := store.files_at(state.stored, epoch - 1):
+        size = state.row_count
+        if not kept[other]:
+            assert held is not None and emit is not None
+            if held[other].empty:
+                rows = None  # the MV holds none of its rows yet
+            else:
+                rows = _held_side(plan, other, state, held[other])
+                size = leaves[other].row_count
+                if size > SCAN_ROWS:  # large: kept from now on, as it is at e
+                    now = rows if theirs is None else apply_delta(rows, theirs.delta, state)
+                    emit(state, consolidate(None, now, state_cols, state.key, (JOIN_KEY,)),
+                         size)
+        elif files := store.files_at(state.stored, epoch - 1):
             rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY,
                                 files=files).selectExpr(*names_sql(state_cols))
+        else:
+            rows = None
+        if rows is not None:
             if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
                 rows = apply_delta(rows, theirs.delta, state)
         elif other == 0 and theirs is not None:  # A(e-1) is empty: A(e) is ΔA's rows
@@ -141,7 +205,7 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         if side == 1:
             inputs.reverse()
         # small Δ, small state: each read is one partition, joined without exchange
-        small = rows_hint <= ONE_TASK_ROWS and state.row_count <= ONE_TASK_ROWS
+        small = rows_hint <= ONE_TASK_ROWS and size <= ONE_TASK_ROWS
         terms.append(project(plan, inputs, keep=[WEIGHT], merge=small))
     if not terms:
         return None

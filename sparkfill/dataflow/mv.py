@@ -34,7 +34,7 @@ from ..storage.catalog import Relation
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
 from . import aggregate, join, project, topn, union, window
-from .change import Change, Emit, StateDelta, Unkept
+from .change import Change, Emit, HeldRows, StateDelta, Unkept
 from .changelog import consolidate
 from .keys import SCAN_ROWS
 
@@ -82,7 +82,7 @@ class MvDataflow:
     def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
             changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
             rows_hint: int, leaf_rows: Sequence[int] | None = None,
-            held: Sequence[aggregate.HeldRows] | None = None) -> DataflowResult:
+            held: Sequence[HeldRows] | None = None) -> DataflowResult:
         """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
         the job's first epoch (a global aggregate emits its row for empty input);
         ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
@@ -103,7 +103,7 @@ class MvDataflow:
             rows = project.row_change(plan, changes[0])
         else:
             rows = join.join_change(self.store, plan, leaves, states[:2], changes, epoch,
-                                    emit, rows_hint, leaf_rows)
+                                    emit, rows_hint, leaf_rows, held)
 
         # stage 2: the aggregate, the window functions, or the rows themselves, become
         # the MV's changelog (the aggregate's and the window's input rows go to their

@@ -9,7 +9,8 @@ Invariants:
   for each state table, what its operator's module says it keeps. The snapshot
   strategy's phase 1 builds an MV's first rows with it; ``recompute`` builds a
   created MV's rows at an epoch with it.
-* ``recompute`` in epoch ``e`` appends to each state table, and returns as the
+* ``recompute`` in epoch ``e`` appends to each state table kept (a join side not
+  kept stays so: ``join.py``), and returns as the
   MV's Δ, the consolidated difference between its rows at ``e-1`` and the
   ``contents`` of its leaves at ``e``: downstream MVs, sinks and time travel see
   exactly the changelog an incremental epoch would have written (``changelog``).
@@ -158,7 +159,14 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
                        lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
     deltas: list[DataFrame | None] = []
     before: list[Target] | None = None
+    # a join side's state not kept stays so: its rows are still its leaf's (join.py)
+    unkept = set() if mv.plan is None or mv.plan.join is None else {
+        state.id for state, kept in zip(states, join.kept_sides(store, mv.plan, states, epoch),
+                                        strict=False) if not kept}
     for i, target in enumerate(targets):
+        if target.rel.id in unkept:
+            deltas.append(None)
+            continue
         if (whole and replace is not None and rows_before is not None
                 and store.damaged(target.rel.stored, epoch - 1)):
             if before is None:

@@ -57,8 +57,7 @@ from ..backfill.state import (
     state_from_rows,
     state_to_row,
 )
-from ..dataflow.aggregate import HeldRows
-from ..dataflow.change import Deferred, Emit, StateDelta, change_of
+from ..dataflow.change import Deferred, Emit, HeldRows, StateDelta, change_of
 from ..dataflow.changelog import after_images
 from ..dataflow.mv import DataflowResult, MvDataflow
 from ..dataflow.recompute import recompute
@@ -936,7 +935,7 @@ class EpochCoordinator:
 
     def _held(self, leaf: Relation, held: Held) -> HeldRows:
         """The rows of ``leaf`` an MV held before the epoch, read when asked for."""
-        return lambda: held_rows(self.store, leaf, held)
+        return HeldRows(lambda: held_rows(self.store, leaf, held), held.empty)
 
     @staticmethod
     def _follow(leaf: Relation, delta: DataFrame | None,
