@@ -387,6 +387,11 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
         for name, sql in queries.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking') AS {sql}")
         eng.step()
+        # d changes: the inner join looks t's side up, so that side's state is kept
+        eng.insert("d", [{"g": 5, "name": "n5"}])
+        assert not eng.store.files_at(eng.relation(eng.relation("inner").plan.states[0])
+                                      .stored, eng.step().epoch - 1)
+        check_all(eng.committed_epoch)
         before = eng.committed_epoch
         eng.sql("UPDATE t SET v = v + 3")  # every row: 600 changelog rows per state table
         report = eng.step()
