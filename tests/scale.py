@@ -28,7 +28,7 @@ import sparkfill.storage.spark_files as spark_files_mod
 
 #: each threshold's name -> the modules that bind it (where it is defined and imported)
 THRESHOLDS: dict[str, list[Any]] = {
-    "SCAN_ROWS": [keys_mod, aggregate_mod, join_mod],
+    "SCAN_ROWS": [keys_mod, aggregate_mod, join_mod, mv_mod],
     "ONE_TASK_ROWS": [spark_files_mod, join_mod],
     "LOCAL_WRITE_ROWS": [relation_store_mod, coordinator_mod, mv_mod],
     "KEY_VALUES": [relation_store_mod, dml_mod],

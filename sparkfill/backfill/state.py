@@ -33,6 +33,7 @@ from ..storage.keyrange import Position
 from ..storage.meta_store import ProgressRow
 from ..storage.relation_store import RelationStore
 from ..storage.schema import names_sql
+from ..storage.spark_files import ONE_TASK_ROWS
 
 __all__ = [
     "NotStarted", "InProgress", "Done", "BackfillState", "state_to_row", "state_from_rows",
@@ -129,8 +130,10 @@ class Held:
 
 
 def held_rows(store: RelationStore, leaf: Relation, held: Held) -> DataFrame:
-    """The rows ``held`` names, as ``leaf``'s columns."""
-    rows = store.snapshot(leaf.stored, held.epoch, bulk=True)
+    """The rows ``held`` names, as ``leaf``'s columns: a small leaf's read as a few
+    rows (merged in the read's own job), a large one's as bulk work."""
+    small = leaf.row_count <= ONE_TASK_ROWS
+    rows = store.snapshot(leaf.stored, held.epoch, few=small, bulk=not small)
     if held.covered is not None:
         rows = rows.where(held.covered)
     return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))

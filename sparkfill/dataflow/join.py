@@ -124,7 +124,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         return None
     if inner:
         return inner_join_change(store, plan, leaves, states, written, epoch, rows_hint,
-                                 kept, held, emit)
+                                 kept, held, emit, leaf_rows)
     appended = [w for w in moved if isinstance(w, Appended)]
     assert len(appended) == len(moved)  # only an inner join's appends wait
     keys = touched_partitions(appended, JOIN_KEY)
@@ -152,7 +152,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
                       states: Sequence[Relation], written: Sequence[StateDelta | None],
                       epoch: int, rows_hint: int, kept: Sequence[bool] = (True, True),
                       held: Sequence[HeldRows] | None = None,
-                      emit: Emit | None = None) -> Change | None:
+                      emit: Emit | None = None,
+                      leaf_rows: Sequence[int] | None = None) -> Change | None:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
     touched (``B`` before this epoch's change, ``A`` after it), and the signed
@@ -162,7 +163,10 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
     A side's state empty at ``e-1`` (a first fill) is not read: its term is empty,
     or, for ``A(e)``, ``ΔA``'s rows. A side not kept (``kept``) is its held rows
     (``held``), read whole; when its leaf is large, its state is kept from now on:
-    ``emit`` appends all of its rows at ``e`` as the state's Δ. When no Δ retracts,
+    ``emit`` appends all of its rows at ``e`` as the state's Δ. A small side's rows
+    (``leaf_rows``: about how many each side's Δ holds) meet a large side's by a
+    broadcast, so the large side's rows keep their partitions (``mv._as_read``).
+    When no Δ retracts,
     no output row leaves and the terms are disjoint (a ``+`` is a key new to its
     side, so a pair arises in one term only): the change is their rows as
     insertions, not netted by an exchange. None: no term has rows (each side's Δ
@@ -177,7 +181,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         state = states[other]
         state_cols = [c.name for c in state.columns]
         theirs = written[other]
-        size = state.row_count
+        size = state.row_count  # about how many rows ``rows`` holds
+        theirs_rows = rows_hint if leaf_rows is None else leaf_rows[other]
         if not kept[other]:
             assert held is not None and emit is not None
             if held[other].empty:
@@ -197,15 +202,22 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
         if rows is not None:
             if other == 0 and theirs is not None:  # A(e): A(e-1) with ΔA applied
                 rows = apply_delta(rows, theirs.delta, state)
+                size += theirs_rows
         elif other == 0 and theirs is not None:  # A(e-1) is empty: A(e) is ΔA's rows
             rows = after_images(theirs.delta).selectExpr(*names_sql(state_cols))
+            size = theirs_rows
         else:
             continue  # B(e-1) is empty: so is ΔA⋈B(e-1)
         inputs = [signed(mine.delta, [c.name for c in leaves[side].columns]), rows]
-        if side == 1:
-            inputs.reverse()
         # small Δ, small state: each read is one partition, joined without exchange
         small = rows_hint <= ONE_TASK_ROWS and size <= ONE_TASK_ROWS
+        mine_rows = rows_hint if leaf_rows is None else leaf_rows[side]
+        if not small and size <= SCAN_ROWS < mine_rows:
+            inputs[1] = F.broadcast(rows)  # a large Δ meets a small side
+        elif not small and mine_rows <= SCAN_ROWS < size:
+            inputs[0] = F.broadcast(inputs[0])  # a small Δ meets a large side
+        if side == 1:
+            inputs.reverse()
         terms.append(project(plan, inputs, keep=[WEIGHT], merge=small))
     if not terms:
         return None

@@ -122,10 +122,7 @@ class MvDataflow:
                 picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
                 result.delta = consolidate(picked.before, picked.after, names, mv.key,
                                            fresh=picked.fresh)
-                # a backfill chunk (alone: no image leaves; or beside the upstream's
-                # own few changes): its rows, read in the leaf's layout, keep it
-                result.as_read = (rows.before is None or rows.fresh is not None) and \
-                    project.keeps_leaf_vnodes(mv, leaves[0])
+                result.as_read = _as_read(mv, leaves, changes, rows, initial)
             return result
         if rows is not None and aggregate.keeps_input(plan.agg):
             # a running or a global aggregate reads its state whole when the Δ's keys
@@ -205,6 +202,28 @@ class MvDataflow:
             self.store.spark_jobs += 1
             return Unkept(delta, rows.before is not None, keys, vnodes)
         return Unkept(delta, rows.before is not None)
+
+
+def _as_read(mv: Relation, leaves: Sequence[Relation], changes: Sequence[Change | None],
+             rows: Change, initial: bool) -> bool:
+    """Whether the MV's Δ is in the layout of one leaf's change, so it is written as
+    read (``DataflowResult.as_read``): a backfill chunk (alone: no image leaves; or
+    beside the upstream's own few changes) of rows that keep the vnodes of that
+    leaf's rows (``project.keeps_leaf_vnodes``) — of a filter/project, or of an inner
+    join whose other side is small (broadcast to the chunk's partitions), the one
+    leaf that changed or, in a first fill, the large one (the other side's chunk
+    meets the large one's rows as read)."""
+    if rows.before is not None and rows.fresh is None:
+        return False
+    changed = [i for i, c in enumerate(changes) if c is not None]
+    sides = changed if len(changed) == 1 or not initial else [
+        i for i, leaf in enumerate(leaves) if leaf.row_count > SCAN_ROWS]
+    if len(sides) != 1:
+        return False
+    side = sides[0]
+    if any(leaf.row_count > SCAN_ROWS for i, leaf in enumerate(leaves) if i != side):
+        return False
+    return project.keeps_leaf_vnodes(mv, leaves, side)
 
 
 def stage_input_rows(plan: MvPlan, state: Relation, rows: DataFrame) -> DataFrame:

@@ -55,15 +55,19 @@ def row_change(plan: MvPlan, change: Change | None) -> Change | None:
     return change.mapped(lambda rows: project(plan, [rows]))
 
 
-def keeps_leaf_vnodes(mv: Relation, leaf: Relation) -> bool:
-    """Whether each row of ``mv`` (a filter/project over ``leaf``) lies in the vnode of
-    the leaf row it comes from: the MV's key is the leaf's key, column for column,
-    passed through unchanged (same values, same types), so the vnode hash of one is
-    the vnode hash of the other."""
+def keeps_leaf_vnodes(mv: Relation, leaves: Sequence[Relation], side: int = 0) -> bool:
+    """Whether each row of ``mv`` (a filter/project over its leaves, or over an inner
+    join of them) lies in the vnode of the row of leaf ``side`` it comes from: the
+    MV's key is that leaf's key, column for column, passed through unchanged (same
+    values, same types), so the vnode hash of one is the vnode hash of the other."""
     plan = mv.plan
-    if plan is None or plan.join is not None or plan.agg is not None \
-            or plan.window is not None or plan.branches or len(mv.key) != len(leaf.key):
+    leaf = leaves[side]
+    if plan is None or plan.agg is not None or plan.window is not None or plan.branches \
+            or len(mv.key) != len(leaf.key) \
+            or (plan.join is not None and plan.join.how != "inner"):
         return False
+    alias = plan.leaves[side].alias
+    others = {c.name for i, lf in enumerate(leaves) if i != side for c in lf.columns}
     sql_of = dict(plan.rows)
     mv_types = {c.name: c.type for c in mv.columns}
     leaf_types = {c.name: c.type for c in leaf.columns}
@@ -77,4 +81,7 @@ def keeps_leaf_vnodes(mv: Relation, leaf: Relation) -> bool:
         if not isinstance(ref, exp.Column) or ref.name != theirs \
                 or mv_types.get(mine) != leaf_types.get(theirs):
             return False
+        if plan.join is not None and ref.table != alias \
+                and (ref.table or theirs in others):
+            return False  # another side's column, or a name both sides have
     return True

@@ -9,7 +9,9 @@ keys compare with plain equality everywhere:
 * filter/project over one relation: the upstream's key;
 * a join: both sides' keys (for a side an outer join may null-extend — the right
   of a LEFT JOIN, the left of a RIGHT JOIN, both of a FULL JOIN — that side's key
-  as one JSON string, ``"{}"`` on a row without a match);
+  as one JSON string, ``"{}"`` on a row without a match); an inner join's side
+  whose whole key the ON clause equates with the other side's values (each row of
+  the other meets at most one of its rows) adds nothing: the other's key is one;
 * an aggregate or ``DISTINCT``: ``_sf_k_group``, the group's values as JSON;
 * ``UNION ALL``: the branch's number and the branch row's upstream key as JSON.
 
@@ -677,10 +679,19 @@ def _check_names(names: Sequence[str]) -> None:
         seen.add(n.lower())
 
 
-def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSpec | None:
+#: integral types: a cast from one to a wider one keeps distinct values distinct
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+
+
+def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select,
+               ) -> tuple[JoinSpec | None, int | None]:
+    """The query's join, and the side of an inner join that each row of the other
+    meets at most once (None: neither): its whole key is equated, value for value,
+    with the other side's values, so the other side's key alone is a key of the
+    join's rows."""
     joins = select.args.get("joins") or []
     if not joins:
-        return None
+        return None, None
     join = joins[0]
     on = join.args["on"]
     # (left, right) key pairs: an expression over one side's columns equal to one over
@@ -720,8 +731,22 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
                    for i, (a, b) in enumerate(pairs)]
     schema = _analyze(spark, scope, select, probe_items, None)
     left_exprs, right_exprs = [], []
+    #: per side, its key columns each equated with a value of the other side by a cast
+    #: that keeps its distinct values distinct
+    equated: tuple[set[str], set[str]] = (set(), set())
     for i, (a, b) in enumerate(pairs):
         common = schema.fields[i].dataType.elementType.simpleString()  # type: ignore[attr-defined]
+        types = [None if not isinstance(e, exp.Column) else
+                 {c.name: c.type for c in scope.leaves[at][1].columns}.get(
+                     _leaf_column(scope, e)) for at, e in ((0, a), (1, b))]
+        for eq_side, e in ((0, a), (1, b)):
+            own, theirs = types[eq_side], types[1 - eq_side]
+            # a string compared with another type may be cast to it ('1' and '01' are
+            # one number): only a string equated with a string is taken
+            if isinstance(e, exp.Column) and (own != "string" or theirs == "string") and (
+                    own == common or (own in _INTEGRAL and common in _INTEGRAL
+                                      and _INTEGRAL.index(own) <= _INTEGRAL.index(common))):
+                equated[eq_side].add(_leaf_column(scope, e))
         left_exprs.append(f"CAST({a.sql(dialect='spark')} AS {common})"
                           if isinstance(a, exp.Literal)
                           else f"CAST({over_side(a)} AS {common})")
@@ -741,8 +766,12 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select) -> JoinSp
         if at is not None and at not in NULL_EXTENDED_SIDES[how]:
             pushed[at].append(over_side(c))
     filters = tuple(" AND ".join(f"({p})" for p in ps) if ps else None for ps in pushed)
+    determined = None
+    if how == "inner":
+        determined = next((i for i in (1, 0) if scope.leaves[i][1].key
+                           and set(scope.leaves[i][1].key) <= equated[i]), None)
     return JoinSpec(how, on.sql(dialect="spark"), (tuple(left_exprs), tuple(right_exprs)),
-                    _side_filters(filters))
+                    _side_filters(filters)), determined
 
 
 def _side_filters(value: Sequence[str | None] | None) -> tuple[str | None, str | None]:
@@ -772,7 +801,7 @@ def plan_materialized_view(
     where = select.args.get("where")
     where_expr = where.this if where is not None else None
     where_sql = where_expr.sql(dialect="spark") if where_expr is not None else None
-    join = _join_spec(spark, scope, select)
+    join, determined = _join_spec(spark, scope, select)
     group_node = select.args.get("group")
     group_items = list(group_node.expressions) if group_node is not None else []
     having_node = select.args.get("having")
@@ -790,9 +819,12 @@ def plan_materialized_view(
     visible = [_column_of(f.name, f.dataType.simpleString(), True) for f in schema.fields]
 
     # the row stage's key: both leaves' keys (the key of a side an outer join may
-    # null-extend as one JSON string: "{}" on a null-extended row)
+    # null-extend as one JSON string: "{}" on a null-extended row), but for a side
+    # each row of the other meets at most once (its key is a function of the other's)
     row_key_exprs: list[tuple[str, str, str | None]] = []  # (name, sql, type or None=probe)
     for i, (alias, info) in enumerate(scope.leaves):
+        if i == determined:
+            continue
         prefix = HIDDEN_PREFIX if len(scope.leaves) == 1 else f"{HIDDEN_PREFIX}{alias}_"
         if join is not None and i in NULL_EXTENDED_SIDES[join.how]:
             fields = ", ".join(f"`{alias}`.`{k}` AS k{n}" for n, k in enumerate(info.key))
