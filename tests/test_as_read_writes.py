@@ -23,6 +23,19 @@ SQL = {
 }
 
 
+def _spy_on_writes(monkeypatch) -> list[tuple[str, bool]]:
+    """Each file write of the store from now on, as (relation, written as read)."""
+    writes: list[tuple[str, bool]] = []
+    real = relation_store.RelationStore._write_files
+
+    def spy(self, rel, df, subdir, rows, *args, **kwargs):
+        writes.append((rel.name, bool(kwargs.get("as_read"))))
+        return real(self, rel, df, subdir, rows, *args, **kwargs)
+
+    monkeypatch.setattr(relation_store.RelationStore, "_write_files", spy)
+    return writes
+
+
 def _row(rng: random.Random, id_: int) -> dict:
     return {"id": id_, "g": rng.randrange(5), "v": rng.randrange(100),
             "s": rng.choice(["a", "b", None])}
@@ -32,14 +45,7 @@ def _row(rng: random.Random, id_: int) -> dict:
 def test_a_projection_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, monkeypatch,
                                                                strategy):
     at_scale(monkeypatch)  # every chunk of more than 20 rows is a bulk write
-    writes: list[tuple[str, bool]] = []
-    real = relation_store.RelationStore._write_files
-
-    def spy(self, rel, df, subdir, rows, *args, **kwargs):
-        writes.append((rel.name, bool(kwargs.get("as_read"))))
-        return real(self, rel, df, subdir, rows, *args, **kwargs)
-
-    monkeypatch.setattr(relation_store.RelationStore, "_write_files", spy)
+    writes = _spy_on_writes(monkeypatch)
     rng = random.Random(11)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
@@ -124,14 +130,7 @@ def test_a_join_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, monkey
     updates its rows in place, by the large side's key) the MV equals Spark's batch
     query at every epoch."""
     at_scale(monkeypatch)
-    writes: list[tuple[str, bool]] = []
-    real = relation_store.RelationStore._write_files
-
-    def spy(self, rel, df, subdir, rows, *args, **kwargs):
-        writes.append((rel.name, bool(kwargs.get("as_read"))))
-        return real(self, rel, df, subdir, rows, *args, **kwargs)
-
-    monkeypatch.setattr(relation_store.RelationStore, "_write_files", spy)
+    writes = _spy_on_writes(monkeypatch)
     rng = random.Random(12)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:

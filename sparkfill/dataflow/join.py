@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
-from ..storage.relation_store import Appended, RelationStore
+from ..storage.relation_store import Appended, DataFile, RelationStore
 from ..storage.schema import names_sql
 from ..storage.spark_files import ONE_TASK_ROWS
 from .change import (
@@ -70,13 +70,20 @@ def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> Data
         *[c.name for c in state.columns])
 
 
+def _files_before(store: RelationStore, states: Sequence[Relation],
+                  epoch: int) -> list[list[DataFile]]:
+    """Each side's state files at ``epoch - 1``."""
+    return [store.files_at(state.stored, epoch - 1) for state in states[:2]]
+
+
 def kept_sides(store: RelationStore, plan: MvPlan, states: Sequence[Relation],
                epoch: int) -> list[bool]:
     """Whether each side's state table is kept in ``epoch``: an outer join's always,
     an inner join's once it has files at ``epoch - 1``."""
     assert plan.join is not None
-    return [plan.join.how != "inner" or bool(store.files_at(state.stored, epoch - 1))
-            for state in states[:2]]
+    if plan.join.how != "inner":
+        return [True, True]
+    return [bool(files) for files in _files_before(store, states, epoch)]
 
 
 def born_unkept(plan: MvPlan | None, states: Sequence[Relation]) -> set[int]:
@@ -98,7 +105,8 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
     before the epoch (without them every side is kept)."""
     assert plan.join is not None
     inner = plan.join.how == "inner"
-    kept = [True, True] if held is None else kept_sides(store, plan, states, epoch)
+    files = _files_before(store, states, epoch) if inner else [[], []]
+    kept = [not inner or held is None or bool(f) for f in files]
     written: list[StateDelta | None] = []
     for side, change in enumerate(changes):
         state = states[side]
@@ -124,7 +132,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         return None
     if inner:
         return inner_join_change(store, plan, leaves, states, written, epoch, rows_hint,
-                                 kept, held, emit, leaf_rows)
+                                 kept, held, emit, leaf_rows, files)
     appended = [w for w in moved if isinstance(w, Appended)]
     assert len(appended) == len(moved)  # only an inner join's appends wait
     keys = touched_partitions(appended, JOIN_KEY)
@@ -153,7 +161,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
                       epoch: int, rows_hint: int, kept: Sequence[bool] = (True, True),
                       held: Sequence[HeldRows] | None = None,
                       emit: Emit | None = None,
-                      leaf_rows: Sequence[int] | None = None) -> Change | None:
+                      leaf_rows: Sequence[int] | None = None,
+                      files: Sequence[Sequence[DataFile]] | None = None) -> Change | None:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
     touched (``B`` before this epoch's change, ``A`` after it), and the signed
@@ -163,7 +172,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
     A side's state empty at ``e-1`` (a first fill) is not read: its term is empty,
     or, for ``A(e)``, ``ΔA``'s rows. A side not kept (``kept``) is its held rows
     (``held``), read whole; when its leaf is large, its state is kept from now on:
-    ``emit`` appends all of its rows at ``e`` as the state's Δ. A small side's rows
+    ``emit`` appends all of its rows at ``e`` as the state's Δ (``files``: each
+    side's state files at ``e-1``, when the caller resolved them). A small side's rows
     (``leaf_rows``: about how many each side's Δ holds) meet a large side's by a
     broadcast, so the large side's rows keep their partitions (``mv._as_read``).
     When no Δ retracts,
@@ -173,6 +183,7 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
     meets an empty other side)."""
     terms = []
     retracting = any(w is not None and may_retract(w) for w in written)
+    before = _files_before(store, states, epoch) if files is None else files
     for side in (0, 1):
         mine = written[side]
         if mine is None:
@@ -194,9 +205,9 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
                     now = rows if theirs is None else apply_delta(rows, theirs.delta, state)
                     emit(state, consolidate(None, now, state_cols, state.key, (JOIN_KEY,)),
                          size)
-        elif files := store.files_at(state.stored, epoch - 1):
+        elif before[other]:
             rows = read_touched(store, state, epoch - 1, [mine], JOIN_KEY,
-                                files=files).selectExpr(*names_sql(state_cols))
+                                files=before[other]).selectExpr(*names_sql(state_cols))
         else:
             rows = None
         if rows is not None:
