@@ -30,8 +30,8 @@ from pyspark.sql import functions as F
 
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
-from ..storage.relation_store import Appended, DataFile, RelationStore
-from ..storage.schema import names_sql
+from ..storage.relation_store import KEY_VALUES, Appended, DataFile, RelationStore
+from ..storage.schema import names_sql, vnode_expr
 from ..storage.spark_files import ONE_TASK_ROWS
 from .change import (
     WEIGHT,
@@ -118,7 +118,20 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
             None if change.before is None else side_rows(plan, side, change.before, state),
             side_rows(plan, side, change.arrivals(), state), cols, state.key, (JOIN_KEY,))
         if not kept[side]:
-            written.append(Unkept(delta, change.before is not None))
+            # a small Δ that looks up a large kept side by its keys: its keys and vnodes
+            # on the driver (one small job), as an append would have observed them, so
+            # the lookup is keyed and pruned, not a semi-join over the whole state
+            touched: tuple[object, ...] | None = None
+            at: tuple[int, ...] | None = None
+            other = states[1 - side]
+            if kept[1 - side] and other.row_count > SCAN_ROWS and \
+                    (rows_hint if leaf_rows is None else leaf_rows[side]) <= KEY_VALUES:
+                found = delta.select(JOIN_KEY, vnode_expr([JOIN_KEY]).alias("v")) \
+                    .distinct().collect()
+                store.spark_jobs += 1
+                touched = tuple(sorted({r[0] for r in found}, key=str))
+                at = tuple(sorted({int(r[1]) for r in found}))
+            written.append(Unkept(delta, change.before is not None, touched, at))
             continue
         # an inner join looks up the other side's state by this side's keys: a small
         # one (or a side not kept, read whole) is read whole, so this side's append may
