@@ -59,8 +59,12 @@ def measure(spark: Any, eng: Any, name: str, query: str, batch: Batch,
     to_created = 0
     while eng.progress(name).state != "created":
         before_epoch()
-        eng.step()
+        t0 = time.perf_counter()
+        report = eng.step()
         to_created += 1
+        log(f"{name}: creating, epoch {report.epoch}: {time.perf_counter() - t0:.2f} s, "
+            f"{report.spark_jobs} jobs, backfilled {sum(report.backfill_rows.values()):,} "
+            f"rows, read {sum(report.rows_read.values()):,}")
     created_s = time.perf_counter() - start
     wrong: list[str] = []  # "epoch e: m missing, x extra" for each check that failed
 
