@@ -60,6 +60,9 @@ class DataflowResult:
     #: were read in, each of a few contiguous vnodes: written as they are, with no
     #: exchange into ranges of vnodes (``RelationStore.append``'s ``as_read``)
     as_read: bool = False
+    #: ``delta`` holds insertions only (a chunk's or a first fill's rows, no upstream
+    #: change beside them): an as-read write takes its counts from its files' footers
+    inserts: bool = False
     #: ``delta`` is the rows of these directories' files, written already as the
     #: relation's log files of the epoch (a table's placed first load): linked, not
     #: written again
@@ -123,6 +126,7 @@ class MvDataflow:
                 result.delta = consolidate(picked.before, picked.after, names, mv.key,
                                            fresh=picked.fresh)
                 result.as_read = _as_read(mv, leaves, changes, rows, initial)
+                result.inserts = rows.before is None
             return result
         if rows is not None and aggregate.keeps_input(plan.agg):
             # a running or a global aggregate reads its state whole when the Δ's keys

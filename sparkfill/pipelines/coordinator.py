@@ -144,12 +144,13 @@ class EpochAppends:
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
                tag: int | None = None, placed: bool = False,
-               prepared: Sequence[str] = (), as_read: bool = False) -> Appended | None:
+               prepared: Sequence[str] = (), as_read: bool = False,
+               inserts: bool = False) -> Appended | None:
         tag = self.epoch if tag is None else tag
         # a state table's touched keys drive its operator's lookups: on the driver
         written = self.store.append(rel.stored, tag, delta, rows_hint,
                                     collect_keys=rel.kind == "state", placed=placed,
-                                    prepared=prepared, as_read=as_read)
+                                    prepared=prepared, as_read=as_read, inserts=inserts)
         if written is None:
             return None
         self.deltas[rel.id] = written.delta
@@ -680,7 +681,7 @@ class EpochCoordinator:
                     else:
                         with self.store.reading_for(rel.name):
                             appends.append(rel, out.delta, hint, out.tag, out.placed,
-                                           out.prepared, out.as_read)
+                                           out.prepared, out.as_read, out.inserts)
             except Exception as exc:
                 if (rel.kind == "mv" and is_row_error(exc)
                         and not isinstance(exc, RelationFailed)):  # a table's Δ never

@@ -46,7 +46,7 @@ from .relation_store import (
     DataFile,
     RelationStore,
     cast_sql,
-    delta_metrics,
+    inserts_observed,
 )
 from .schema import (
     EPOCH,
@@ -344,15 +344,13 @@ class DmlStager:
                   .withColumn(EPOCH, F.lit(epoch).cast("long")).withColumn(OP, F.lit("+")))
         files = max(1, min(PLACED_FILES,
                            int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1)))
-        observed = Observation(f"sf_placed_{uuid.uuid4().hex}")
         out = (latest.coalesce(files)
-               .selectExpr(*[cast_sql(f) for f in physical_struct(rel.columns).fields])
-               .observe(observed, *delta_metrics()))
+               .selectExpr(*[cast_sql(f) for f in physical_struct(rel.columns).fields]))
         written = write_parquet(out, self.warehouse, path, [VNODE, EPOCH, rel.key[0]],
                                 row_group_rows=self.store.row_group_rows)
-        if written:
+        if written:  # upserts only: what an append observes, from the files' footers
             self.warehouse.write_text(f"{path}/{PREPARED_OBSERVED}",
-                                      json.dumps(observed.get, default=str))
+                                      json.dumps(inserts_observed(written)))
         # the call's count: the rows given, repeated keys included
         return written, int((counted.get or {}).get("n") or 0)
 

@@ -17,7 +17,9 @@ Invariants:
   transaction, and a retried append of ``e`` is skipped. An append is one Spark
   job: the rows per ``_op`` and the vnodes it touched are observed while it is
   written (a small Δ is brought to the driver as Arrow and written there, a large
-  one by the executors), and the epoch reads its Δ back from the written files (a
+  one by the executors; a large one of insertions only, written as read, takes its
+  rows and the vnodes its files span from their footers instead), and the epoch
+  reads its Δ back from the written files (a
   plan of one leaf, nothing cached). An empty Δ commits nothing. A Δ already
   written as the epoch's log files elsewhere (a placed first load, ``dml``) is
   linked in, with what its write observed, instead of written again.
@@ -76,6 +78,7 @@ from .schema import (
     HASHED_KEY_WIDTHS,
     OP,
     VNODE,
+    VNODE_COUNT,
     Column,
     names_sql,
     normalize_type_name,
@@ -751,6 +754,7 @@ class RelationStore:
                      register: bool = True, observation: Observation | None = None,
                      key_column: str | None = None, count_column: str | None = None,
                      placed: bool = False, as_read: bool = False,
+                     written_files: list[WrittenFile] | None = None,
                      ) -> list[AddAction | RemoveAction]:
         """Write ``df`` as Parquet files of vnode ranges under ``subdir`` (one Spark job;
         with ``observation``, the written rows are counted per ``_op`` and their vnodes
@@ -765,7 +769,8 @@ class RelationStore:
         (``place_by_vnode_range`` of the same ``rows``). ``as_read``: each partition
         of ``df`` already holds a few contiguous vnodes (rows that keep the vnodes of
         the files they were read from): a file each, as they are, no exchange (a
-        file's statistics bound its vnodes, whatever its partition held)."""
+        file's statistics bound its vnodes, whatever its partition held).
+        ``written_files``: gets the files written, with their statistics."""
         table_path = self.path(rel)
         out = f"{table_path}/{subdir}"
         n_ranges = self.vnode_ranges(rows)
@@ -788,6 +793,8 @@ class RelationStore:
                                 row_group_rows=self.row_group_rows)
         if register:  # the epoch loop's writes (a snapshot job's run beside it)
             self.spark_jobs += 2 if sampled else 1  # a range partitioner samples first
+        if written_files is not None:
+            written_files.extend(written)
         now_ms = int(time.time() * 1000)
         return [_add_action(table_path, f, now_ms) for f in written]
 
@@ -868,7 +875,7 @@ class RelationStore:
     def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
                rows_hint: int, collect_keys: bool = False,
                placed: bool = False, prepared: Sequence[str] = (),
-               as_read: bool = False) -> Appended | None:
+               as_read: bool = False, inserts: bool = False) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
         job; None when it is empty (nothing is committed). ``rows_hint``: about how
         many rows it holds (it sets the number of files). ``collect_keys``: bring the
@@ -876,7 +883,9 @@ class RelationStore:
         there are at most ``KEY_VALUES``. ``placed``: ``delta`` is in the partitions
         of ``place_by_vnode_range(rows_hint)``. ``as_read``: each of ``delta``'s
         partitions holds rows of a few contiguous vnodes (as read from files of vnode
-        ranges): each is written as a file, with no exchange. ``prepared``: ``delta`` is the rows
+        ranges): each is written as a file, with no exchange; with ``inserts`` (its
+        rows are all insertions), what it holds is read from the files' footers, not
+        observed by an aggregate over its rows. ``prepared``: ``delta`` is the rows
         of these directories' files, written already as this relation's log files of
         ``epoch`` (a placed first load, ``dml``): they are linked in, no row is
         written. Idempotent per epoch: a retried append finds the files the first one
@@ -894,6 +903,11 @@ class RelationStore:
             actions, observed = self._write_arrow(
                 rel, self._arrow_rows(rel, delta, epoch), subdir,
                 rel.key[0] if collect_keys else None)
+        elif as_read and inserts and not collect_keys:
+            files: list[WrittenFile] = []
+            actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
+                                        rows_hint, as_read=True, written_files=files)
+            observed = _observed(inserts_observed(files))
         else:
             observation = Observation(f"sf_append_{uuid.uuid4().hex}")
             actions = self._write_files(rel, delta.withColumn(EPOCH, F.lit(epoch)), subdir,
@@ -1309,6 +1323,21 @@ def delta_metrics(key_column: str | None = None,
     if count_column is not None:
         metrics.append(F.expr(f"approx_count_distinct(`{count_column}`) AS key_count"))
     return metrics
+
+
+def inserts_observed(files: Sequence[WrittenFile]) -> dict[str, Any]:
+    """What ``delta_metrics`` would observe of a changelog of insertions only, written
+    as ``files`` with statistics of ``_vnode``: its rows (from the files' footers) and
+    the vnodes its files' ranges span, a superset of those it touched (a reader prunes
+    by them, so more is safe). No Spark work: a bulk write skips the observation's
+    aggregate over every row it writes."""
+    vnodes: set[int] = set()
+    for f in files:
+        lo = f.stats.get("minValues", {}).get(VNODE)
+        hi = f.stats.get("maxValues", {}).get(VNODE)
+        vnodes.update(range(VNODE_COUNT) if lo is None or hi is None
+                      else range(int(lo), int(hi) + 1))
+    return {"op0": sum(f.rows for f in files), "vnodes": sorted(vnodes)}
 
 
 def _observed(values: dict[str, Any]) -> Observed:
