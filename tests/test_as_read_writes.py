@@ -15,6 +15,7 @@ from scale import at_scale
 
 from sparkfill import Engine
 from sparkfill.storage import relation_store
+from sparkfill.storage.schema import vnode_sql
 
 SQL = {
     "p": "SELECT id, g, v * 2 AS w FROM {t} WHERE v % 3 <> 0",
@@ -170,5 +171,45 @@ def test_a_join_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, monkey
                     break
         assert checked >= 4, "the MV was not created in 40 epochs"
         assert eng.verify("j").count() == 0
+    finally:
+        eng.close()
+
+
+def test_a_bulk_write_of_insertions_takes_its_counts_from_its_files(spark, tmp_path,
+                                                                    monkeypatch):
+    """A blocking CREATE's rows, written as read, are insertions only: the append
+    takes their count and vnodes from the files' statistics (no observation), and
+    they are what an observation would have found: every row counted as ``+``, every
+    vnode that holds a row named."""
+    at_scale(monkeypatch)  # a Δ of more than 20 rows is a bulk write
+    appended: list[tuple[str, bool, bool, object]] = []
+    real = relation_store.RelationStore.append
+
+    def spy(self, rel, epoch, delta, rows_hint, *args, **kwargs):
+        out = real(self, rel, epoch, delta, rows_hint, *args, **kwargs)
+        appended.append((rel.name, bool(kwargs.get("inserts")), bool(kwargs.get("as_read")),
+                         out))
+        return out
+
+    monkeypatch.setattr(relation_store.RelationStore, "append", spy)
+    rng = random.Random(5)
+    eng = Engine(tmp_path / "wh", spark=spark)
+    try:
+        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, s STRING, PRIMARY KEY (id))")
+        eng.insert("t", [_row(rng, i) for i in range(600)])
+        eng.step()
+        eng.sql("CREATE MATERIALIZED VIEW p WITH (backfill = 'blocking') AS "
+                + SQL["p"].format(t="t"))
+        report = eng.step()
+        mine = [(inserts, as_read, out) for name, inserts, as_read, out in appended
+                if name == "p"]
+        assert len(mine) == 1 and mine[0][0] and mine[0][1], appended
+        out = mine[0][2]
+        rows = eng.read("p", as_of=report.epoch)
+        assert out is not None and out.counts == {"+": rows.count()}
+        held = {r[0] for r in rows.selectExpr(vnode_sql(["id"])).distinct().collect()}
+        assert held and held <= set(out.vnodes), (sorted(held), out.vnodes)
+        assert_same_rows(rows, spark.sql(SQL["p"], t=eng.read("t", as_of=report.epoch)),
+                         label="p")
     finally:
         eng.close()
