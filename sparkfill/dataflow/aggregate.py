@@ -39,7 +39,7 @@ from ..sql.planner import (
 from ..storage.catalog import Relation
 from ..storage.keyrange import sql_literal, values_in
 from ..storage.relation_store import Appended, RelationStore
-from ..storage.schema import OP, names_sql, quoted, vnode_expr, vnode_sql
+from ..storage.schema import OP, names_sql, quoted, vnode_sql
 from .change import HeldRows, StateDelta, apply_delta, may_retract
 from .changelog import AFTER, BEFORE, changelog_sql, consolidate, image_sql
 from .keys import (
@@ -56,7 +56,7 @@ from .statement import sql_over
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
            "grouped_values", "keeps_input", "leaf_extremes", "with_ties", "FEW_GROUPS",
-           "outputs", "evaluate", "state_may_wait", "touched_groups", "LostInput"]
+           "outputs", "evaluate", "state_may_wait", "LostInput"]
 
 #: the input rows at ``e-1`` of the groups that lost a min/max, from their JSON,
 #: vnodes and group values
@@ -90,15 +90,6 @@ def leaf_extremes(spec: AggSpec) -> list[tuple[str, str, str]]:
     if spec.running is None or spec.extremes != "leaf":
         return []
     return [r for r in spec.running if r[1] in ("min", "max")]
-
-
-def touched_groups(delta: DataFrame) -> tuple[tuple[object, ...], tuple[int, ...]]:
-    """The distinct groups of a small input Δ and their vnodes, on the driver (one
-    Spark job)."""
-    rows = (delta.select(GROUP_OF_ROW, vnode_expr([GROUP_OF_ROW]).alias("v"))
-            .distinct().collect())
-    return (tuple(sorted({r[0] for r in rows}, key=str)),
-            tuple(sorted({int(r[1]) for r in rows})))
 
 
 def estimate_groups(rows: DataFrame, column: str = GROUP_OF_ROW) -> int:

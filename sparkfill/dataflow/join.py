@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import KEY_VALUES, Appended, DataFile, RelationStore
-from ..storage.schema import names_sql, vnode_expr
+from ..storage.schema import names_sql
 from ..storage.spark_files import ONE_TASK_ROWS
 from .change import (
     WEIGHT,
@@ -46,7 +46,7 @@ from .change import (
     signed,
 )
 from .changelog import after_images, consolidate, union_all
-from .keys import SCAN_ROWS, read_touched, touched_partitions
+from .keys import SCAN_ROWS, keyed_unkept, read_touched, touched_partitions
 from .project import project
 
 __all__ = ["side_rows", "kept_sides", "born_unkept", "join_change", "inner_join_change"]
@@ -119,19 +119,12 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
             side_rows(plan, side, change.arrivals(), state), cols, state.key, (JOIN_KEY,))
         if not kept[side]:
             # a small Δ that looks up a large kept side by its keys: its keys and vnodes
-            # on the driver (one small job), as an append would have observed them, so
-            # the lookup is keyed and pruned, not a semi-join over the whole state
-            touched: tuple[object, ...] | None = None
-            at: tuple[int, ...] | None = None
-            other = states[1 - side]
-            if kept[1 - side] and other.row_count > SCAN_ROWS and \
-                    (rows_hint if leaf_rows is None else leaf_rows[side]) <= KEY_VALUES:
-                found = delta.select(JOIN_KEY, vnode_expr([JOIN_KEY]).alias("v")) \
-                    .distinct().collect()
-                store.spark_jobs += 1
-                touched = tuple(sorted({r[0] for r in found}, key=str))
-                at = tuple(sorted({int(r[1]) for r in found}))
-            written.append(Unkept(delta, change.before is not None, touched, at))
+            # on the driver, so the lookup is keyed and pruned, not a semi-join over the
+            # whole state
+            looks_up = kept[1 - side] and states[1 - side].row_count > SCAN_ROWS and \
+                (rows_hint if leaf_rows is None else leaf_rows[side]) <= KEY_VALUES
+            written.append(keyed_unkept(store, delta, JOIN_KEY, change.before is not None)
+                           if looks_up else Unkept(delta, change.before is not None))
             continue
         # an inner join looks up the other side's state by this side's keys: a small
         # one (or a side not kept, read whole) is read whole, so this side's append may
@@ -145,7 +138,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         return None
     if inner:
         return inner_join_change(store, plan, leaves, states, written, epoch, rows_hint,
-                                 kept, held, emit, leaf_rows, files)
+                                 files, kept, held, emit, leaf_rows)
     appended = [w for w in moved if isinstance(w, Appended)]
     assert len(appended) == len(moved)  # only an inner join's appends wait
     keys = touched_partitions(appended, JOIN_KEY)
@@ -171,11 +164,11 @@ def _held_side(plan: MvPlan, side: int, state: Relation, held: HeldRows) -> Data
 
 def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
                       states: Sequence[Relation], written: Sequence[StateDelta | None],
-                      epoch: int, rows_hint: int, kept: Sequence[bool] = (True, True),
+                      epoch: int, rows_hint: int, before: Sequence[Sequence[DataFile]],
+                      kept: Sequence[bool] = (True, True),
                       held: Sequence[HeldRows] | None = None,
                       emit: Emit | None = None,
-                      leaf_rows: Sequence[int] | None = None,
-                      files: Sequence[Sequence[DataFile]] | None = None) -> Change | None:
+                      leaf_rows: Sequence[int] | None = None) -> Change | None:
     """The bilinear rule of an inner join, ``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``:
     each side's Δ looks up only the other side's rows of the join keys it
     touched (``B`` before this epoch's change, ``A`` after it), and the signed
@@ -185,8 +178,8 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
     A side's state empty at ``e-1`` (a first fill) is not read: its term is empty,
     or, for ``A(e)``, ``ΔA``'s rows. A side not kept (``kept``) is its held rows
     (``held``), read whole; when its leaf is large, its state is kept from now on:
-    ``emit`` appends all of its rows at ``e`` as the state's Δ (``files``: each
-    side's state files at ``e-1``, when the caller resolved them). A small side's rows
+    ``emit`` appends all of its rows at ``e`` as the state's Δ (``before``: each
+    side's state files at ``e-1``). A small side's rows
     (``leaf_rows``: about how many each side's Δ holds) meet a large side's by a
     broadcast, so the large side's rows keep their partitions (``mv._as_read``).
     When no Δ retracts,
@@ -196,7 +189,6 @@ def inner_join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relat
     meets an empty other side)."""
     terms = []
     retracting = any(w is not None and may_retract(w) for w in written)
-    before = _files_before(store, states, epoch) if files is None else files
     for side in (0, 1):
         mine = written[side]
         if mine is None:

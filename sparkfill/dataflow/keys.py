@@ -18,12 +18,12 @@ from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
 from ..storage.relation_store import Appended, DataFile, RelationStore
-from ..storage.schema import quoted
+from ..storage.schema import quoted, vnode_expr
 from .change import Deferred, StateDelta, Unkept
 from .changelog import union_all
 
 __all__ = ["normalized_sql", "normalized", "group_json_sql", "group_json",
-           "touched_partitions", "read_touched", "SCAN_ROWS"]
+           "touched_partitions", "keyed_unkept", "read_touched", "SCAN_ROWS"]
 
 #: a relation of at most this many rows is read whole where a lookup by the keys of
 #: a state table's Δ would need that Δ written first (its keys observed by a Spark
@@ -63,6 +63,17 @@ def touched_partitions(written: Sequence[Appended | Unkept], column: str,
     if all(w.keys is not None for w in written):
         return tuple(sorted({k for w in written for k in (w.keys or ())}, key=str))
     return union_all([w.delta.select(column) for w in written]).distinct()
+
+
+def keyed_unkept(store: RelationStore, delta: DataFrame, column: str,
+                 may_retract: bool) -> Unkept:
+    """A small state-table Δ that is not appended, with the distinct values of its
+    ``column`` and their vnodes on the driver (one Spark job), as an append would
+    have observed them: a lookup by them stays keyed and pruned by vnode."""
+    rows = delta.select(column, vnode_expr([column]).alias("v")).distinct().collect()
+    store.spark_jobs += 1
+    return Unkept(delta, may_retract, tuple(sorted({r[0] for r in rows}, key=str)),
+                  tuple(sorted({int(r[1]) for r in rows})))
 
 
 def read_touched(store: RelationStore, rel: Relation, epoch: int,

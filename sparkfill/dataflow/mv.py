@@ -29,14 +29,14 @@ from dataclasses import dataclass, field, replace
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from ..sql.planner import MvPlan
+from ..sql.planner import GROUP_OF_ROW, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
 from . import aggregate, join, project, topn, union, window
 from .change import Change, Emit, HeldRows, StateDelta, Unkept
 from .changelog import consolidate
-from .keys import SCAN_ROWS
+from .keys import SCAN_ROWS, keyed_unkept
 
 __all__ = ["DataflowResult", "MvDataflow", "stage_input_rows"]
 
@@ -202,9 +202,7 @@ class MvDataflow:
         the MV is small enough to be read whole."""
         delta = self._stage_delta(plan, state, rows)
         if rows_hint <= LOCAL_WRITE_ROWS and mv.row_count > SCAN_ROWS:
-            keys, vnodes = aggregate.touched_groups(delta)
-            self.store.spark_jobs += 1
-            return Unkept(delta, rows.before is not None, keys, vnodes)
+            return keyed_unkept(self.store, delta, GROUP_OF_ROW, rows.before is not None)
         return Unkept(delta, rows.before is not None)
 
 
