@@ -8,6 +8,8 @@ does an inner join's whose other side is small and meets each row at most once
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from helpers import assert_same_rows
@@ -24,16 +26,25 @@ SQL = {
 }
 
 
+def _spy_on_store(monkeypatch, method: str,
+                  note: Callable[[str, dict[str, Any], Any], None]) -> None:
+    """Call ``note(relation, keyword arguments, result)`` after each call of the
+    store's ``method`` from now on."""
+    real = getattr(relation_store.RelationStore, method)
+
+    def spy(self, rel, *args, **kwargs):
+        out = real(self, rel, *args, **kwargs)
+        note(rel.name, kwargs, out)
+        return out
+
+    monkeypatch.setattr(relation_store.RelationStore, method, spy)
+
+
 def _spy_on_writes(monkeypatch) -> list[tuple[str, bool]]:
     """Each file write of the store from now on, as (relation, written as read)."""
     writes: list[tuple[str, bool]] = []
-    real = relation_store.RelationStore._write_files
-
-    def spy(self, rel, df, subdir, rows, *args, **kwargs):
-        writes.append((rel.name, bool(kwargs.get("as_read"))))
-        return real(self, rel, df, subdir, rows, *args, **kwargs)
-
-    monkeypatch.setattr(relation_store.RelationStore, "_write_files", spy)
+    _spy_on_store(monkeypatch, "_write_files",
+                  lambda rel, kwargs, _: writes.append((rel, bool(kwargs.get("as_read")))))
     return writes
 
 
@@ -182,16 +193,9 @@ def test_a_bulk_write_of_insertions_takes_its_counts_from_its_files(spark, tmp_p
     they are what an observation would have found: every row counted as ``+``, every
     vnode that holds a row named."""
     at_scale(monkeypatch)  # a Δ of more than 20 rows is a bulk write
-    appended: list[tuple[str, bool, bool, object]] = []
-    real = relation_store.RelationStore.append
-
-    def spy(self, rel, epoch, delta, rows_hint, *args, **kwargs):
-        out = real(self, rel, epoch, delta, rows_hint, *args, **kwargs)
-        appended.append((rel.name, bool(kwargs.get("inserts")), bool(kwargs.get("as_read")),
-                         out))
-        return out
-
-    monkeypatch.setattr(relation_store.RelationStore, "append", spy)
+    appended: list[tuple[str, bool, bool, Any]] = []
+    _spy_on_store(monkeypatch, "append", lambda rel, kwargs, out: appended.append(
+        (rel, bool(kwargs.get("inserts")), bool(kwargs.get("as_read")), out)))
     rng = random.Random(5)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
