@@ -15,7 +15,7 @@ Loads the steady benchmark's tables and MVs (``steady_bench``: ``t`` of N rows, 
 
 Classic sessions only (it reads the Spark UI and Py4J). Usage:
     python bench/epoch_anatomy.py [--rows 1000000] [--changes 1000] [--epochs 3]
-        [--profile N] [--rules] [--phases]
+        [--profile N] [--rules] [--phases] [--mvs [agg join proj]]
 """
 
 from __future__ import annotations
@@ -182,6 +182,9 @@ def main() -> int:
     parser.add_argument("--phases", action="store_true",
                         help="also time each Arrow collect's optimization, planning and "
                         "execution in the timed epochs")
+    parser.add_argument("--mvs", nargs="*", choices=list(sb.MVS), default=list(sb.MVS),
+                        help="the MVs to create (default: all three; none: the table's "
+                        "own epoch alone)")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
     spark, api = session_with_status_api()
@@ -191,7 +194,7 @@ def main() -> int:
     phases = QueryPhases() if args.phases else None
     keys = sb.Keys(args.rows, random.Random(7))
     try:
-        sb.load(eng, spark, args.rows, list(sb.MVS), with_d=True)
+        sb.load(eng, spark, args.rows, args.mvs, with_d=True)
         walls, job_secs = [], []
         timed = range(2, 2 + args.epochs)  # after two warm-ups; then the counted ones
         for i in range(2 + 2 * args.epochs):
