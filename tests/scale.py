@@ -4,7 +4,7 @@ warehouse takes.
 The engine chooses between a whole read and a keyed lookup, a driver write and an
 executor write, one task and many, a merge of the log and a fold into base, by
 comparing row counts with module constants (``SCAN_ROWS``, ``ONE_TASK_ROWS``,
-``LOCAL_WRITE_ROWS``, ``KEY_VALUES``, ``MERGE_LOG_ROWS``, ``LOOKUP_KEYS``) and by
+``LOCAL_WRITE_ROWS``, ``KEY_VALUES``, ``MERGE_LOG_ROWS``) and by
 the relation store's compaction settings. At the sizes a test can afford, every
 choice falls on the small side; ``at_scale`` sets every threshold to a few rows
 (each name where it is defined and where it is imported), so a test of a few
@@ -33,7 +33,6 @@ THRESHOLDS: dict[str, list[Any]] = {
     "LOCAL_WRITE_ROWS": [relation_store_mod, coordinator_mod, mv_mod],
     "KEY_VALUES": [relation_store_mod, dml_mod],
     "MERGE_LOG_ROWS": [relation_store_mod],
-    "LOOKUP_KEYS": [dml_mod],
 }
 
 
@@ -41,8 +40,7 @@ def at_scale(monkeypatch: pytest.MonkeyPatch, rows: int = 40) -> None:
     """Every size threshold at about ``rows`` rows (compaction settings: see
     ``compact_often``)."""
     values = {"SCAN_ROWS": rows, "ONE_TASK_ROWS": rows, "LOCAL_WRITE_ROWS": rows // 2,
-              "KEY_VALUES": max(2, rows // 8), "MERGE_LOG_ROWS": 4 * rows,
-              "LOOKUP_KEYS": rows}
+              "KEY_VALUES": max(2, rows // 8), "MERGE_LOG_ROWS": 4 * rows}
     for name, modules in THRESHOLDS.items():
         for module in modules:
             assert hasattr(module, name), f"{module.__name__} no longer binds {name}"

@@ -12,7 +12,7 @@ import pytest
 from helpers import TableModel, assert_rows_equal, check_mv, mv_sql
 
 from sparkfill import Engine
-from sparkfill.storage import relation_store
+from sparkfill.storage import dml, relation_store
 from sparkfill.storage.relation_store import KEYED_PREFIX, keyed_copy_uri
 
 AGG = "SELECT g, count(*) AS n, sum(v) AS s, max(v) AS m FROM {src} GROUP BY g"
@@ -166,3 +166,55 @@ def test_keyed_copies_on_an_object_store(spark, s3_warehouse, pg_url, keyed_read
                    [{"id": k, "g": n, "v": -k} for k in range(n, 1_600, 53)],
                    [{"id": k} for k in range(n + 7, 1_500, 211)])
     assert keyed_reads, "no lookup read through keyed copies"
+
+
+@pytest.mark.parametrize("composite", [False, True], ids=["one-column key", "two-column key"])
+def test_a_change_of_many_keys_finds_its_old_rows_by_their_ranges(
+        engine, spark, monkeypatch, composite):
+    """An epoch that changes more keys than ``KEY_VALUES`` finds its old rows by a
+    semi-join with its keys below the merge of base and log, reading only the files
+    its keys' range in each vnode meets: the table equals its model and each MV its
+    batch query at every epoch (random upserts of old and new keys, deletes, a key
+    changed twice in one epoch), and a batch of new keys above the table's range
+    reads none of the table's rows."""
+    monkeypatch.setattr(relation_store, "KEY_VALUES", 4)
+    monkeypatch.setattr(dml, "KEY_VALUES", 4)
+    _small_folds(engine)
+    engine.store.keyed_copy_min_rows = 10**9  # no copies: the semi-join's path alone
+    lookups: list[int] = []
+    real = dml.key_ranges
+
+    def spy(keys, key):
+        out = real(keys, key)
+        lookups.append(len(out))
+        return out
+    monkeypatch.setattr(dml, "key_ranges", spy)
+    rng = random.Random(11)
+    if composite:
+        engine.sql("CREATE TABLE t (id BIGINT, line INT, g INT, v BIGINT, "
+                   "PRIMARY KEY (id, line))")
+        model = TableModel(["id", "line", "g", "v"], key=("id", "line"))
+    else:
+        engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+        model = TableModel(["id", "g", "v"], key="id")
+    engine.sql(f"CREATE MATERIALIZED VIEW agg AS {mv_sql(AGG, 't')}")
+    engine.sql(f"CREATE MATERIALIZED VIEW proj AS {mv_sql(PROJ, 't')}")
+    mvs = {"agg": AGG, "proj": PROJ}
+
+    def key(k: int) -> dict:
+        return {"id": k // 3, "line": k % 3} if composite else {"id": k}
+
+    def row(k: int) -> dict:
+        return {**key(k), "g": rng.randrange(5), "v": rng.randrange(1_000)}
+
+    _epoch(engine, spark, model, mvs, [row(k) for k in range(1_500)])
+    for _ in range(5):
+        ups = [row(rng.randrange(1_800)) for _ in range(60)]
+        _epoch(engine, spark, model, mvs, ups + ups[:5],
+               [key(rng.randrange(1_800)) for _ in range(20)])
+    assert lookups and all(n > 0 for n in lookups), lookups
+    # new keys above every key the table holds: no file's key range meets them
+    calls = len(lookups)
+    report = _epoch(engine, spark, model, mvs, [row(k) for k in range(6_000, 6_060)])
+    assert len(lookups) == calls + 1, "the new keys' lookup did not go by ranges"
+    assert report.rows_read.get("t", 0) == 0, report.rows_read

@@ -18,7 +18,7 @@ from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
 from .statement import sql_over
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
-           "after_images", "touched_keys", "span_change", "union_all", "touched_vnodes",
+           "after_images", "touched_keys", "span_change", "union_all",
            "image_sql", "changelog_sql"]
 
 
@@ -28,12 +28,6 @@ def union_all(parts: Sequence[DataFrame]) -> DataFrame:
     for part in parts[1:]:
         out = out.unionByName(part)
     return out
-
-
-def touched_vnodes(keys: DataFrame) -> list[int]:
-    """The distinct ``_vnode`` values of ``keys`` (a small collect to the driver):
-    the partitions whose state files a lookup of these keys must read."""
-    return [int(r[0]) for r in keys.select(VNODE).distinct().collect()]
 
 
 def before_images(delta: DataFrame) -> DataFrame:

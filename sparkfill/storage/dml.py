@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..dataflow.changelog import consolidate, touched_vnodes
+from ..dataflow.changelog import consolidate
 from ..errors import DataError, UnknownColumn
 from .catalog import Relation
 from .keyrange import values_in
@@ -67,9 +67,6 @@ from .warehouse import Warehouse
 
 __all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
 
-#: a DML batch of at most this many rows collects its keys to prune the lookup of
-#: their old rows by the files' key ranges (beyond it: by vnodes only)
-LOOKUP_KEYS = 100_000
 UPSERT = "U"
 DELETE = "D"
 SEQ = "_sf_seq"
@@ -465,22 +462,24 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
                            for c in cols])
     # an empty table (a first load): every row is an insert; no old rows to look up,
     # no images to pair
-    old = (_old_rows(store, rel, batches, files, single, latest, prev_epoch, before)
-           if before else None)
+    old = (_old_rows(store, rel, batches, files, single, staged.selectExpr(*names_sql(key)),
+                     prev_epoch, before) if before else None)
     return TableDelta(consolidate(old, new, cols, key), placed is not None)
 
 
 def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
-              files: Sequence[str], single: bool, latest: DataFrame, prev_epoch: int,
+              files: Sequence[str], single: bool, touched: DataFrame, prev_epoch: int,
               before: Sequence[DataFile]) -> DataFrame:
     """The rows of ``rel`` at ``prev_epoch`` (``before``: its files then) whose keys
-    the staged ``batches`` (their ``files``; ``latest``: their last change per key)
-    touch. Only the files of the keys' vnodes are read, and of those, for a batch of
-    at most ``LOOKUP_KEYS`` keys, only the files whose key range holds one (new keys
-    above the table's range read nothing); keys the driver staged are known from the
-    files' footers, the others found by a job."""
+    the staged ``batches`` (their ``files``; ``touched``: their rows' keys, a key
+    repeated where it changed more than once) touch. Only the files of the keys'
+    vnodes are read, and of those only the files whose key range holds one (new keys
+    above the table's range read nothing): for a batch of at most ``KEY_VALUES`` keys
+    by the keys themselves, known from the files' footers when the driver staged
+    them, else found by a job; for more, by their range in each vnode (a job whose
+    result is at most a row per vnode). Many keys meet the table's rows by a
+    broadcast semi-join as they are read, before base and log rows merge."""
     key, cols = list(rel.key), [c.name for c in rel.columns]
-    keys = latest.selectExpr(*names_sql(key))
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
     key_vnodes: list[tuple[int, Any]] | None = None
@@ -490,15 +489,18 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
         # them, and their vnodes hashed here as Spark would
         key_type = next(c.type for c in rel.columns if c.name == key[0])
         vnodes, first_keys = vnodes_of(known, key_type), known
-    elif sum(b.rows for b in batches) <= LOOKUP_KEYS:
-        found = keys.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
+    elif sum(b.rows for b in batches) <= KEY_VALUES:
+        found = touched.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
         key_vnodes = [(int(r[0]), r[1]) for r in found if r[1] is not None]
         vnodes = sorted({int(r[0]) for r in found})
         first_keys = sorted({k for _, k in key_vnodes})
         store.spark_jobs += 1  # the touched keys' collect
     else:
-        vnodes, first_keys = touched_vnodes(keys.withColumn(VNODE, vnode_expr(key))), None
-        store.spark_jobs += 1  # the touched vnodes' collect
+        ranges = key_ranges(touched, key)
+        store.spark_jobs += 1  # the key ranges' collect
+        return store.snapshot(rel.stored, prev_epoch, vnodes=sorted(ranges), vnode_rows=False,
+                              files=before, key_ranges=ranges, semi=touched,
+                              ).selectExpr(*names_sql(cols))
     if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
@@ -513,7 +515,17 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
                           vnode_rows=False, files=before, where=where,
                           keys=first_keys if where is not None else None,
                           key_vnodes=key_vnodes).join(
-        F.broadcast(keys), key, "left_semi").selectExpr(*names_sql(cols))
+        F.broadcast(touched), key, "left_semi").selectExpr(*names_sql(cols))
+
+
+def key_ranges(keys: DataFrame, key: Sequence[str]) -> dict[int, tuple[Any, Any]]:
+    """Per vnode of the ``keys`` (rows of key columns), the least and greatest value of
+    the first key column (None where it is NULL in every row of the vnode; a small
+    collect: at most a row per vnode)."""
+    first = F.col(quoted(key[0]))
+    found = (keys.groupBy(vnode_expr(list(key)).alias(VNODE))
+             .agg(F.min(first), F.max(first)).collect())
+    return {int(r[0]): (r[1], r[2]) for r in found}
 
 
 #: the footer entry of a staged file that lists its batch's first-key values

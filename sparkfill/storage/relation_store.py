@@ -50,7 +50,7 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -236,6 +236,21 @@ class DataFile:
             return i < len(first_keys) and first_keys[i] <= self.key_max
         except TypeError:  # values of another type than the statistics: no pruning
             return True
+
+    def meets(self, key_ranges: Mapping[int, tuple[Any, Any]]) -> bool:
+        """Whether a vnode of this file has a range in ``key_ranges`` (per vnode, the
+        least and greatest first-key value looked up) that meets the file's key range."""
+        for vnode, (lo, hi) in key_ranges.items():
+            if not self.vnode_min <= vnode <= self.vnode_max:
+                continue
+            if self.key_min is None or self.key_max is None or lo is None or hi is None:
+                return True
+            try:
+                if lo <= self.key_max and hi >= self.key_min:
+                    return True
+            except TypeError:  # values of another type than the statistics
+                return True
+        return False
 
 
 class Observed(NamedTuple):
@@ -534,6 +549,8 @@ class RelationStore:
         bulk: bool = False,
         keys: Sequence[Any] | None = None,
         key_vnodes: Sequence[tuple[int, Any]] | None = None,
+        key_ranges: Mapping[int, tuple[Any, Any]] | None = None,
+        semi: DataFrame | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -551,11 +568,17 @@ class RelationStore:
         number (a backfill's chunk): read in one task per file split, however few.
         ``keys``: the first-key values a lookup keeps (``where`` keeps no others): base
         files with keyed copies are read through them (``_read_keyed``; ``key_vnodes``:
-        the vnode of each, which a key of several columns needs)."""
+        the vnode of each, which a key of several columns needs). ``key_ranges``: a
+        lookup of many keys, per vnode the range of their first column: files that meet
+        none are skipped. ``semi``: the keys a lookup of many keeps (key columns; a key
+        may repeat): base and log rows of other keys are dropped by a broadcast
+        semi-join as they are read, and the rest merge in the read's own job."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = compaction_epoch(files)
         if first_keys is not None:
             files = [f for f in files if f.may_hold(first_keys)]
+        if key_ranges is not None:
+            files = [f for f in files if f.meets(key_ranges)]
         lo_v = after.vnode if after is not None else 0
         hi_v = vnode_hi if vnode_hi is not None else 255
         selected = [f for f in files if f.vnode_max >= lo_v and f.vnode_min <= hi_v]
@@ -580,12 +603,17 @@ class RelationStore:
                  if keys is not None and base else None)
         base_rows = (keyed if keyed is not None
                      else self._read(rel, base, bulk, within)).where(cond)
+        if semi is not None:
+            self.spark_jobs += 1  # the keys' broadcast, when the read runs
+            base_rows = base_rows.join(F.broadcast(semi), list(rel.key), "left_semi")
         base_df = base_rows.selectExpr(*names_sql(out_cols))
         if not log:
             return base_df
         log_df = self._read(rel, log, bulk, within).where(
             cond & _epochs_within(log, base_epoch, epoch))
-        few = few or where is not None
+        if semi is not None:
+            log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
+        few = few or where is not None or semi is not None
         if few and base:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
