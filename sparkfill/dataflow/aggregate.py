@@ -115,13 +115,15 @@ def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFr
 def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,
                      written: StateDelta | None, epoch: int, initial: bool,
                      held: HeldRows | None = None,
-                     few_groups: bool = False) -> DataFrame | None:
+                     few_groups: bool = False,
+                     cached: list[DataFrame] | None = None) -> DataFrame | None:
     """The MV's changelog from ``written``, the row stage's change as appended to the
     aggregate's state table this epoch (None: no change); ``initial``: the job's
     first epoch (a global aggregate emits its row for empty input); ``held``: the
     rows the MV held of its leaf before the epoch, where a lost min/max is found
     again (``extremes = 'leaf'``); ``few_groups``: ``written`` is a bulk Δ of at most
-    ``FEW_GROUPS`` groups (estimated)."""
+    ``FEW_GROUPS`` groups (estimated); ``cached``: takes the frames it caches (the
+    input rows of groups that lost a min/max), for release after the epoch."""
     assert plan.agg is not None
     spec = plan.agg
     cols = [c.name for c in agg_state.columns]
@@ -158,7 +160,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
             assert in_groups is not None  # JSON strings
             return agg_input_rows(plan, agg_state, rows).where(in_groups)
         return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input,
-                                 few_groups)
+                                 few_groups, cached)
     assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
@@ -171,7 +173,8 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
 
 def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                       agg_state: Relation, written: StateDelta, epoch: int,
-                      lost_input: LostInput, few_groups: bool = False) -> DataFrame:
+                      lost_input: LostInput, few_groups: bool = False,
+                      cached: list[DataFrame] | None = None) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
@@ -179,7 +182,8 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     its min/max without replacing it reads its input rows at ``e-1``
     (``lost_input``); with ``extremes = 'leaf'`` only one that retracts the last of
     its rows at the extreme. ``few_groups``: the Δ is a bulk one of at most
-    ``FEW_GROUPS`` groups."""
+    ``FEW_GROUPS`` groups; ``cached``: takes the lost groups' input rows, cached (read
+    once, though their values and their rows at each extreme both count them)."""
     running = spec.running
     assert running is not None
     ties = leaf_extremes(spec)
@@ -334,6 +338,12 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         in_groups = values_in(GROUP_OF_ROW, groups)
         assert in_groups is not None  # JSON strings
         new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
+        if cached is not None:
+            # the lost groups' rows are few, but finding them reads the leaf (or the
+            # state) by group, not by key: read once, for both the groups' values and
+            # their rows at each extreme
+            new_input = new_input.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(new_input)
         frames["_sf_re"] = group_values(spec, new_input).selectExpr(
             f"{group_json_sql(spec.group, row_types)} AS _sf_rekey",
             *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running

@@ -164,7 +164,7 @@ class MvDataflow:
                 self.store.spark_jobs += 1
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
                                                   epoch, initial, held[0] if held else None,
-                                                  few_groups)
+                                                  few_groups, result.cached)
         if isinstance(written, Appended) and written.key_count is not None:
             result.rows_hint = aggregate.changed_rows_bound(written.key_count)
         return result
