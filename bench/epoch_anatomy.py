@@ -16,6 +16,7 @@ Loads the steady benchmark's tables and MVs (``steady_bench``: ``t`` of N rows, 
 Classic sessions only (it reads the Spark UI and Py4J). Usage:
     python bench/epoch_anatomy.py [--rows 1000000] [--changes 1000] [--epochs 3]
         [--profile N] [--rules] [--phases] [--mvs [agg join proj]]
+        [--refresh auto|incremental|full]
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ def main() -> int:
     parser.add_argument("--mvs", nargs="*", choices=list(sb.MVS), default=list(sb.MVS),
                         help="the MVs to create (default: all three; none: the table's "
                         "own epoch alone)")
+    parser.add_argument("--refresh", choices=["auto", "incremental", "full"], default=None,
+                        help="set every MV's refresh mode (default: as created, auto)")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
     spark, api = session_with_status_api()
@@ -195,6 +198,8 @@ def main() -> int:
     keys = sb.Keys(args.rows, random.Random(7))
     try:
         sb.load(eng, spark, args.rows, args.mvs, with_d=True)
+        for name in args.mvs if args.refresh else ():
+            eng.sql(f"ALTER MATERIALIZED VIEW {name} SET refresh = '{args.refresh}'")
         walls, job_secs = [], []
         timed = range(2, 2 + args.epochs)  # after two warm-ups; then the counted ones
         for i in range(2 + 2 * args.epochs):
