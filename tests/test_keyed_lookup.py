@@ -175,8 +175,9 @@ def test_a_change_of_many_keys_finds_its_old_rows_by_their_ranges(
     semi-join with its keys below the merge of base and log, reading only the files
     its keys' range in each vnode meets: the table equals its model and each MV its
     batch query at every epoch (random upserts of old and new keys, deletes, a key
-    changed twice in one epoch), and a batch of new keys above the table's range
-    reads none of the table's rows."""
+    changed twice in one epoch; half the table's keys at once, which meet the merged
+    snapshot instead), and a batch of new keys above the table's range reads none of
+    the table's rows."""
     monkeypatch.setattr(relation_store, "KEY_VALUES", 4)
     monkeypatch.setattr(dml, "KEY_VALUES", 4)
     _small_folds(engine)
@@ -213,6 +214,17 @@ def test_a_change_of_many_keys_finds_its_old_rows_by_their_ranges(
         _epoch(engine, spark, model, mvs, ups + ups[:5],
                [key(rng.randrange(1_800)) for _ in range(20)])
     assert lookups and all(n > 0 for n in lookups), lookups
+    # half the table's keys (over SEMI_FRACTION): they meet the merged snapshot
+    semis: list[bool] = []
+    real_snapshot = engine.store.snapshot
+
+    def snapshot(*args, **kwargs):
+        semis.append(kwargs.get("semi") is not None)
+        return real_snapshot(*args, **kwargs)
+    monkeypatch.setattr(engine.store, "snapshot", snapshot)
+    _epoch(engine, spark, model, mvs, [row(k) for k in range(0, 1_500, 2)])
+    assert semis and not semis[0], semis
+    monkeypatch.setattr(engine.store, "snapshot", real_snapshot)
     # new keys above every key the table holds: no file's key range meets them
     calls = len(lookups)
     report = _epoch(engine, spark, model, mvs, [row(k) for k in range(6_000, 6_060)])

@@ -67,6 +67,9 @@ from .warehouse import Warehouse
 
 __all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
 
+#: a change of at most this share of a table's rows (and more than ``KEY_VALUES``
+#: keys) meets its rows by a semi-join below the merge of base and log
+SEMI_FRACTION = 0.25
 UPSERT = "U"
 DELETE = "D"
 SEQ = "_sf_seq"
@@ -477,8 +480,9 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
     above the table's range read nothing): for a batch of at most ``KEY_VALUES`` keys
     by the keys themselves, known from the files' footers when the driver staged
     them, else found by a job; for more, by their range in each vnode (a job whose
-    result is at most a row per vnode). Many keys meet the table's rows by a
-    broadcast semi-join as they are read, before base and log rows merge."""
+    result is at most a row per vnode). Many keys, up to ``SEMI_FRACTION`` of the
+    table's rows, meet the table's rows by a broadcast semi-join as they are read,
+    before base and log rows merge; more meet the merged snapshot."""
     key, cols = list(rel.key), [c.name for c in rel.columns]
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
@@ -498,9 +502,18 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
     else:
         ranges = key_ranges(touched, key)
         store.spark_jobs += 1  # the key ranges' collect
+        rows = sum(b.rows for b in batches)
+        if rows <= SEMI_FRACTION * rel.row_count:
+            return store.snapshot(rel.stored, prev_epoch, vnodes=sorted(ranges),
+                                  vnode_rows=False, files=before, key_ranges=ranges,
+                                  semi=touched).selectExpr(*names_sql(cols))
+        # keys of a large share of the table (a bulk UPDATE): a merge below the
+        # semi-join would shuffle about the whole table; the snapshot merges by a
+        # broadcast of its log's keys, and the batch's keys keep its rows after
+        store.spark_jobs += 1  # the broadcast of the keys
         return store.snapshot(rel.stored, prev_epoch, vnodes=sorted(ranges), vnode_rows=False,
-                              files=before, key_ranges=ranges, semi=touched,
-                              ).selectExpr(*names_sql(cols))
+                              files=before, key_ranges=ranges).join(
+            F.broadcast(touched), key, "left_semi").selectExpr(*names_sql(cols))
     if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
