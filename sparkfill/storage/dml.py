@@ -487,13 +487,15 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
     vnodes: Sequence[int] | None
     first_keys: list[Any] | None
     key_vnodes: list[tuple[int, Any]] | None = None
+    ranges: dict[int, tuple[Any, Any]] | None = None
+    rows = sum(b.rows for b in batches)
     known = _staged_first_keys(store.warehouse, files) if single else None
     if known is not None:
         # staged from the driver, which noted the keys in the files: no job to find
         # them, and their vnodes hashed here as Spark would
         key_type = next(c.type for c in rel.columns if c.name == key[0])
         vnodes, first_keys = vnodes_of(known, key_type), known
-    elif sum(b.rows for b in batches) <= KEY_VALUES:
+    elif rows <= KEY_VALUES:
         found = touched.select(vnode_expr(key).alias(VNODE), F.col(key[0])).collect()
         key_vnodes = [(int(r[0]), r[1]) for r in found if r[1] is not None]
         vnodes = sorted({int(r[0]) for r in found})
@@ -502,18 +504,14 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
     else:
         ranges = key_ranges(touched, key)
         store.spark_jobs += 1  # the key ranges' collect
-        rows = sum(b.rows for b in batches)
+        vnodes, first_keys = sorted(ranges), None
         if rows <= SEMI_FRACTION * rel.row_count:
-            return store.snapshot(rel.stored, prev_epoch, vnodes=sorted(ranges),
-                                  vnode_rows=False, files=before, key_ranges=ranges,
+            return store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, vnode_rows=False,
+                                  files=before, key_ranges=ranges,
                                   semi=touched).selectExpr(*names_sql(cols))
         # keys of a large share of the table (a bulk UPDATE): a merge below the
         # semi-join would shuffle about the whole table; the snapshot merges by a
-        # broadcast of its log's keys, and the batch's keys keep its rows after
-        store.spark_jobs += 1  # the broadcast of the keys
-        return store.snapshot(rel.stored, prev_epoch, vnodes=sorted(ranges), vnode_rows=False,
-                              files=before, key_ranges=ranges).join(
-            F.broadcast(touched), key, "left_semi").selectExpr(*names_sql(cols))
+        # broadcast of its log's keys, and the batch's keys keep its rows after (below)
     if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
             and values_in(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
@@ -527,7 +525,7 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
     return store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
                           vnode_rows=False, files=before, where=where,
                           keys=first_keys if where is not None else None,
-                          key_vnodes=key_vnodes).join(
+                          key_vnodes=key_vnodes, key_ranges=ranges).join(
         F.broadcast(touched), key, "left_semi").selectExpr(*names_sql(cols))
 
 
