@@ -53,6 +53,12 @@ def _row(rng: random.Random, id_: int) -> dict:
             "s": rng.choice(["a", "b", None])}
 
 
+def _stage_t(eng: Engine, rng: random.Random) -> None:
+    """Create ``t`` and stage its first 600 rows (the next step commits them)."""
+    eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, s STRING, PRIMARY KEY (id))")
+    eng.insert("t", [_row(rng, i) for i in range(600)])
+
+
 @pytest.mark.parametrize("strategy", ["blocking", "arrangement", "no_shuffle"])
 def test_a_projection_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, monkeypatch,
                                                                strategy):
@@ -61,8 +67,7 @@ def test_a_projection_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, 
     rng = random.Random(11)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
-        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, s STRING, PRIMARY KEY (id))")
-        eng.insert("t", [_row(rng, i) for i in range(600)])
+        _stage_t(eng, rng)
         eng.step()
         for name, sql in SQL.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = '{strategy}', "
@@ -146,9 +151,8 @@ def test_a_join_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, monkey
     rng = random.Random(12)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
-        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, s STRING, PRIMARY KEY (id))")
+        _stage_t(eng, rng)
         eng.sql("CREATE TABLE d (g INT, name STRING, PRIMARY KEY (g))")
-        eng.insert("t", [_row(rng, i) for i in range(600)])
         eng.insert("d", [{"g": g, "name": f"n{g}"} for g in range(4)])
         eng.step()
         eng.sql(f"CREATE MATERIALIZED VIEW j WITH (backfill = '{strategy}', "
@@ -199,8 +203,7 @@ def test_a_bulk_write_of_insertions_takes_its_counts_from_its_files(spark, tmp_p
     rng = random.Random(5)
     eng = Engine(tmp_path / "wh", spark=spark)
     try:
-        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, s STRING, PRIMARY KEY (id))")
-        eng.insert("t", [_row(rng, i) for i in range(600)])
+        _stage_t(eng, rng)
         eng.step()
         eng.sql("CREATE MATERIALIZED VIEW p WITH (backfill = 'blocking') AS "
                 + SQL["p"].format(t="t"))
