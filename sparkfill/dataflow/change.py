@@ -19,11 +19,11 @@ from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
 from ..storage.relation_store import IS_LIVE, Appended, retracts
-from ..storage.schema import names_sql
+from ..storage.schema import OP, names_sql
 from .changelog import after_images, before_images
 
 __all__ = ["Change", "change_of", "Emit", "Deferred", "Unkept", "StateDelta", "may_retract",
-           "WEIGHT", "signed", "net_change", "apply_delta", "HeldRows"]
+           "WEIGHT", "signed", "net_change", "signed_changelog", "apply_delta", "HeldRows"]
 
 
 @dataclass
@@ -34,11 +34,17 @@ class Change:
     ``after`` rows as insertions, without pairing images by key. ``fresh``: more
     arriving rows whose keys neither ``before`` nor ``after`` holds (a backfill's chunk
     of rows new to the MV beside the upstream's own changes): insertions that never
-    need pairing, so the chunk's rows skip the exchange that pairs the others."""
+    need pairing, so the chunk's rows skip the exchange that pairs the others.
+    ``signed``: the same change as signed rows (its columns and ``WEIGHT``), when it
+    came as such — a relation's changelog read once, or a join's terms — so a consumer
+    that nets rows anyway (a join's bilinear terms, an MV's changelog) reads them once
+    and pairs nothing first (``net_changelog``); summed per distinct row it is
+    ``before`` against ``after``."""
 
     before: DataFrame | None
     after: DataFrame
     fresh: DataFrame | None = None
+    signed: DataFrame | None = None
 
     def arrivals(self) -> DataFrame:
         """Every arriving row: ``after`` and ``fresh``."""
@@ -49,6 +55,10 @@ class Change:
         projection that keeps the key) applied to each part."""
         return Change(None if self.before is None else f(self.before), f(self.after),
                       None if self.fresh is None else f(self.fresh))
+
+    def signed_rows(self) -> DataFrame | None:
+        """``signed``, when nothing is beside it (no ``fresh`` rows)."""
+        return self.signed if self.fresh is None else None
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
         return None
     picked = names_sql(columns)
     return Change(before_images(delta).selectExpr(*picked),
-                  after_images(delta).selectExpr(*picked))
+                  after_images(delta).selectExpr(*picked), signed=signed(delta, columns))
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,16 @@ def net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
     net = rows.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
     picked = names_sql(columns)
     return Change(net.where(F.col(WEIGHT) < 0).selectExpr(*picked),
-                  net.where(F.col(WEIGHT) > 0).selectExpr(*picked))
+                  net.where(F.col(WEIGHT) > 0).selectExpr(*picked), signed=rows)
+
+
+def signed_changelog(rows: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """Signed rows (``columns`` and ``WEIGHT``) as a changelog a state's rules read
+    (``signed``, ``after_images``, ``apply_delta``): ``+`` arrives, ``-`` leaves. Not
+    consolidated: a key may hold a ``-`` and a ``+`` of the same row; applied, or
+    signed and netted, it is the same change."""
+    return rows.selectExpr(*names_sql(columns),
+                           f"CASE WHEN {WEIGHT} > 0 THEN '+' ELSE '-' END AS {OP}")
 
 
 def apply_delta(rows: DataFrame, delta: DataFrame, state: Relation) -> DataFrame:

@@ -18,7 +18,7 @@ from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
 from .statement import sql_over
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
-           "after_images", "touched_keys", "span_change", "union_all",
+           "after_images", "net_changelog", "touched_keys", "span_change", "union_all",
            "image_sql", "changelog_sql"]
 
 
@@ -82,6 +82,27 @@ def consolidate(before: DataFrame | None, after: DataFrame, columns: Sequence[st
              f"AS _sf_windowed WHERE {BEFORE} IS NOT NULL OR _sf_pb IS NULL")
     return sql_over(changelog_sql(pairs, columns, dist_key or key),
                     {"_sf_before": before, "_sf_after": after})
+
+
+def net_changelog(signed: DataFrame, columns: Sequence[str], key: Sequence[str],
+                  weight: str, dist_key: Sequence[str] | None = None) -> DataFrame:
+    """The changelog of signed rows (``columns`` and their ``weight`` column: +1
+    arrives, -1 leaves), summed per distinct row, of a relation keyed by ``key``:
+    what ``consolidate`` makes of the net's leaving and arriving rows, in one exchange
+    — the rows go to their key's partition once, and are netted per row and paired
+    per key there (a distinct row holds its key, so its partition holds the row's
+    group too). Each key nets to at most one leaving and one arriving row."""
+    keys = ", ".join(quoted(k) for k in key)
+    cols = ", ".join(quoted(c) for c in columns)
+    img = image_sql(columns)
+    w = quoted(weight)
+    net = (f"SELECT {cols}, sum({w}) AS {w} FROM "
+           f"(SELECT * FROM {{_sf_signed}} DISTRIBUTE BY {keys}) AS _sf_spread "
+           f"GROUP BY {cols} HAVING sum({w}) <> 0")
+    pairs = (f"SELECT {keys}, first(IF({w} < 0, {img}, NULL), TRUE) AS {BEFORE}, "
+             f"first(IF({w} > 0, {img}, NULL), TRUE) AS {AFTER} FROM ({net}) AS _sf_net "
+             f"GROUP BY {keys}")
+    return sql_over(changelog_sql(pairs, columns, dist_key or key), {"_sf_signed": signed})
 
 
 #: the before- and after-image columns (structs of a row's columns, null when absent)

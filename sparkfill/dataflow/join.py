@@ -17,7 +17,10 @@ input, that state with the side's Δ applied the new one, and the row stage over
 each is the change. An inner join follows the bilinear rule instead
 (``Δ(A⋈B) = ΔA⋈B(e-1) + A(e)⋈ΔB``): each side's Δ looks up only the other
 side's rows of the keys it touched (a side not kept: its held rows, read whole);
-no side's unchanged rows of a touched key are read.
+no side's unchanged rows of a touched key are read. A side not kept takes its
+leaf's change as signed rows, read once and not paired by key (the terms are
+netted anyway), and the MV's changelog nets and pairs the terms in one exchange
+(``net_changelog``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .change import (
     may_retract,
     net_change,
     signed,
+    signed_changelog,
 )
 from .changelog import after_images, consolidate, union_all
 from .keys import SCAN_ROWS, keyed_unkept, read_touched, touched_partitions
@@ -58,16 +62,18 @@ def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
     return F.to_json(F.struct(*[c.alias(f"k{i}") for i, c in enumerate(columns)]))
 
 
-def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation) -> DataFrame:
-    """A join side's leaf rows as rows of its state table (with their join key): the
-    rows the WHERE's conjuncts over this side alone pass (``JoinSpec.side_filters``)."""
+def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation,
+              keep: Sequence[str] = ()) -> DataFrame:
+    """A join side's leaf rows as rows of its state table (with their join key, and
+    the columns ``keep``): the rows the WHERE's conjuncts over this side alone pass
+    (``JoinSpec.side_filters``)."""
     assert plan.join is not None
     exprs = [F.expr(e) for e in plan.join.key_exprs[side]]
     kept = plan.join.side_filters[side]
     if kept:
         rows = rows.where(F.expr(kept))
     return rows.withColumn(JOIN_KEY, _json_key(exprs)).select(
-        *[c.name for c in state.columns])
+        *[c.name for c in state.columns], *keep)
 
 
 def _files_before(store: RelationStore, states: Sequence[Relation],
@@ -114,9 +120,18 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
         if change is None:
             written.append(None)
             continue
-        delta = consolidate(
-            None if change.before is None else side_rows(plan, side, change.before, state),
-            side_rows(plan, side, change.arrivals(), state), cols, state.key, (JOIN_KEY,))
+        signed_rows = change.signed_rows()
+        if not kept[side] and inner and signed_rows is not None:
+            # never appended: the bilinear terms sign and net its rows anyway, so the
+            # leaf's change is read once and its images are not paired first
+            delta = signed_changelog(side_rows(plan, side, signed_rows, state, [WEIGHT]),
+                                     cols)
+        else:
+            delta = consolidate(
+                None if change.before is None else side_rows(plan, side, change.before,
+                                                             state),
+                side_rows(plan, side, change.arrivals(), state), cols, state.key,
+                (JOIN_KEY,))
         if not kept[side]:
             # a small Δ that looks up a large kept side by its keys: its keys and vnodes
             # on the driver, so the lookup is keyed and pruned, not a semi-join over the

@@ -34,8 +34,8 @@ from ..storage.catalog import Relation
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
 from . import aggregate, join, project, topn, union, window
-from .change import Change, Emit, HeldRows, StateDelta, Unkept
-from .changelog import consolidate
+from .change import WEIGHT, Change, Emit, HeldRows, StateDelta, Unkept
+from .changelog import consolidate, net_changelog
 from .keys import SCAN_ROWS, keyed_unkept
 
 __all__ = ["DataflowResult", "MvDataflow", "stage_input_rows"]
@@ -121,10 +121,16 @@ class MvDataflow:
                                                 epoch)
             return result
         if plan.agg is None:
-            if rows is not None:
+            if rows is not None and (signed_rows := rows.signed_rows()) is not None \
+                    and plan.join is not None:
+                # a join's signed terms, netted per row and paired per key in one exchange
+                result.delta = net_changelog(
+                    signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key, WEIGHT)
+            elif rows is not None:
                 picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
                 result.delta = consolidate(picked.before, picked.after, names, mv.key,
                                            fresh=picked.fresh)
+            if rows is not None:
                 result.as_read = _as_read(mv, leaves, changes, rows, initial)
                 result.inserts = rows.before is None
             return result
