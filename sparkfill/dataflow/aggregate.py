@@ -104,12 +104,14 @@ def changed_rows_bound(groups: int) -> int:
     return 2 * math.ceil(1.1 * groups) + 16
 
 
-def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame) -> DataFrame:
-    """Row-stage rows as rows of the aggregate's state table (with their group)."""
+def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame,
+                   keep: Sequence[str] = ()) -> DataFrame:
+    """Row-stage rows as rows of the aggregate's state table (with their group, and
+    the columns ``keep``)."""
     assert plan.agg is not None
     types = {c.name: c.type for c in agg_state.columns}
     return rows.withColumn(GROUP_OF_ROW, group_json(plan.agg.group, types)).select(
-        *[c.name for c in agg_state.columns])
+        *[c.name for c in agg_state.columns], *keep)
 
 
 def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,

@@ -34,7 +34,7 @@ from ..storage.catalog import Relation
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
 from . import aggregate, join, project, topn, union, window
-from .change import WEIGHT, Change, Emit, HeldRows, StateDelta, Unkept
+from .change import WEIGHT, Change, Emit, HeldRows, StateDelta, Unkept, signed_changelog
 from .changelog import consolidate, net_changelog
 from .keys import SCAN_ROWS, keyed_unkept
 
@@ -121,9 +121,9 @@ class MvDataflow:
                                                 epoch)
             return result
         if plan.agg is None:
-            if rows is not None and (signed_rows := rows.signed_rows()) is not None \
-                    and plan.join is not None:
-                # a join's signed terms, netted per row and paired per key in one exchange
+            if rows is not None and (signed_rows := rows.signed_rows()) is not None:
+                # the change as signed rows (a leaf's changelog read once, or a join's
+                # terms), netted per row and paired per key in one exchange
                 result.delta = net_changelog(
                     signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key, WEIGHT)
             elif rows is not None:
@@ -205,8 +205,16 @@ class MvDataflow:
         """The row stage's change as the aggregate's state Δ, not appended (the
         aggregate keeps no input rows); a small Δ's groups come to the driver (one
         Spark job), so the MV's lookup of their old values stays a keyed one, unless
-        the MV is small enough to be read whole."""
-        delta = self._stage_delta(plan, state, rows)
+        the MV is small enough to be read whole. Never appended, it need not be
+        consolidated: from signed rows (read once), its rows are only mapped — the
+        running values sum them signed, and a lost min/max applies them
+        (``aggregate_running``), which a pair of equal rows leaves as it was."""
+        if (signed := rows.signed_rows()) is not None and plan.agg is not None:
+            delta = signed_changelog(
+                aggregate.agg_input_rows(plan, state, signed, keep=[WEIGHT]),
+                [c.name for c in state.columns])
+        else:
+            delta = self._stage_delta(plan, state, rows)
         if rows_hint <= LOCAL_WRITE_ROWS and mv.row_count > SCAN_ROWS:
             return keyed_unkept(self.store, delta, GROUP_OF_ROW, rows.before is not None)
         return Unkept(delta, rows.before is not None)

@@ -17,7 +17,7 @@ from sqlglot import exp
 from ..sql.planner import MvPlan
 from ..storage.catalog import Relation
 from ..storage.schema import names_sql, quoted
-from .change import Change
+from .change import WEIGHT, Change
 
 __all__ = ["filter_project", "project", "row_change", "keeps_leaf_vnodes"]
 
@@ -48,11 +48,14 @@ def project(plan: MvPlan, inputs: Sequence[DataFrame], keep: Sequence[str] = (),
 
 
 def row_change(plan: MvPlan, change: Change | None) -> Change | None:
-    """The row stage's change over one leaf: its change's before- and after-images,
-    each filtered and projected."""
+    """The row stage's change over one leaf: its change's before- and after-images
+    (and its signed rows), each filtered and projected."""
     if change is None:
         return None
-    return change.mapped(lambda rows: project(plan, [rows]))
+    rows = change.mapped(lambda rows: project(plan, [rows]))
+    if (signed := change.signed_rows()) is not None:
+        rows.signed = project(plan, [signed], keep=[WEIGHT])
+    return rows
 
 
 def keeps_leaf_vnodes(mv: Relation, leaves: Sequence[Relation], side: int = 0) -> bool:
