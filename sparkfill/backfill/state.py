@@ -129,11 +129,15 @@ class Held:
     empty: bool = False
 
 
-def held_rows(store: RelationStore, leaf: Relation, held: Held) -> DataFrame:
+def held_rows(store: RelationStore, leaf: Relation, held: Held,
+              narrow: str | None = None) -> DataFrame:
     """The rows ``held`` names, as ``leaf``'s columns: a small leaf's read as a few
-    rows (merged in the read's own job), a large one's as bulk work."""
+    rows (merged in the read's own job), a large one's as bulk work. ``narrow``: a
+    condition over the leaf's columns that every row the caller keeps passes
+    (``RelationStore.snapshot``'s)."""
     small = leaf.row_count <= ONE_TASK_ROWS
-    rows = store.snapshot(leaf.stored, held.epoch, few=small, bulk=not small)
+    rows = store.snapshot(leaf.stored, held.epoch, few=small, bulk=not small,
+                          narrow=narrow)
     if held.covered is not None:
         rows = rows.where(held.covered)
     return rows.selectExpr(*names_sql([c.name for c in leaf.columns]))

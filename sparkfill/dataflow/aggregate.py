@@ -22,9 +22,11 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+import sqlglot
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from sqlglot import exp
 
 from ..sql.planner import (
     GROUP_KEY,
@@ -55,8 +57,8 @@ from .statement import sql_over
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
-           "grouped_values", "keeps_input", "leaf_extremes", "with_ties", "FEW_GROUPS",
-           "outputs", "evaluate", "state_may_wait", "LostInput"]
+           "grouped_values", "keeps_input", "leaf_group_values_in", "leaf_extremes",
+           "with_ties", "FEW_GROUPS", "outputs", "evaluate", "state_may_wait", "LostInput"]
 
 #: the input rows at ``e-1`` of the groups that lost a min/max, from their JSON,
 #: vnodes and group values
@@ -153,7 +155,10 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
                 return store.lookup(agg_state.stored, epoch - 1, groups,
                                     vnodes=vnodes).selectExpr(*names_sql(cols))
             assert held is not None, "a min/max found again in the leaf needs its rows"
-            rows = project(plan, [held()])
+            # the groups' values over the leaf's own columns: the read drops the other
+            # groups' rows of its base as it reads them, and merges what is left with
+            # its log in one job
+            rows = project(plan, [held(leaf_group_values_in(plan, values))])
             if (prefilter := group_values_in(spec.group, values)) is not None:
                 # by the group columns first: Spark filters the leaf's rows as it reads
                 # them, before each row's group JSON is built
@@ -390,6 +395,21 @@ def group_values_in(columns: Sequence[str], values: Sequence[tuple[object, ...]]
             parts.append(f"{quoted(column)} = {literal}")
         terms.append("(" + " AND ".join(parts) + ")")
     return " OR ".join(terms)
+
+
+def leaf_group_values_in(plan: MvPlan, values: Sequence[tuple[object, ...]]) -> str | None:
+    """``group_values_in`` over the leaf's columns, when each group column is one of
+    them as it is (None: one is an expression, or ``group_values_in`` gives none)."""
+    assert plan.agg is not None
+    sql_of = dict(plan.rows)
+    leaf_columns = []
+    for group in plan.agg.group:
+        node = sqlglot.parse_one(sql_of.get(group, ""), read="spark") \
+            if group in sql_of else None
+        if not isinstance(node, exp.Column):
+            return None
+        leaf_columns.append(node.name)
+    return group_values_in(leaf_columns, values)
 
 
 def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:

@@ -68,11 +68,13 @@ class HeldRows:
     whose state is not kept (``join.py``). ``empty``: the MV is known to hold none
     of them (its backfill has not reached the leaf yet), so nothing need be read."""
 
-    read: Callable[[], DataFrame]
+    #: the rows, given a condition over the leaf's columns that every row the caller
+    #: keeps passes (None: it keeps any), which the read may filter by early
+    read: Callable[[str | None], DataFrame]
     empty: bool = False
 
-    def __call__(self) -> DataFrame:
-        return self.read()
+    def __call__(self, narrow: str | None = None) -> DataFrame:
+        return self.read(narrow)
 
 
 def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:

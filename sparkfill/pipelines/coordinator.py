@@ -936,7 +936,7 @@ class EpochCoordinator:
 
     def _held(self, leaf: Relation, held: Held) -> HeldRows:
         """The rows of ``leaf`` an MV held before the epoch, read when asked for."""
-        return HeldRows(lambda: held_rows(self.store, leaf, held), held.empty)
+        return HeldRows(lambda narrow: held_rows(self.store, leaf, held, narrow), held.empty)
 
     @staticmethod
     def _follow(leaf: Relation, delta: DataFrame | None,

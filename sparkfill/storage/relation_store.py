@@ -551,6 +551,7 @@ class RelationStore:
         key_vnodes: Sequence[tuple[int, Any]] | None = None,
         key_ranges: Mapping[int, tuple[Any, Any]] | None = None,
         semi: DataFrame | None = None,
+        narrow: str | None = None,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -572,7 +573,12 @@ class RelationStore:
         lookup of many keys, per vnode the range of their first column: files that meet
         none are skipped. ``semi``: the keys a lookup of many keeps (key columns; a key
         may repeat): base and log rows of other keys are dropped by a broadcast
-        semi-join as they are read, and the rest merge in the read's own job."""
+        semi-join as they are read, and the rest merge in the read's own job.
+        ``narrow``: a condition (SQL over the relation's columns, any of them) that
+        every row the caller keeps passes: base rows that fail it are dropped as they
+        are read, the rest merge with the whole log in the read's own job (one
+        exchange of both: the log is read once, and no broadcast of its keys is a
+        job of its own), and the merged rows are filtered by it too."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = compaction_epoch(files)
         if first_keys is not None:
@@ -603,6 +609,8 @@ class RelationStore:
                  if keys is not None and base else None)
         base_rows = (keyed if keyed is not None
                      else self._read(rel, base, bulk, within)).where(cond)
+        if narrow is not None:
+            base_rows = base_rows.where(narrow)
         if semi is not None:
             self.spark_jobs += 1  # the keys' broadcast, when the read runs
             base_rows = base_rows.join(F.broadcast(semi), list(rel.key), "left_semi")
@@ -613,12 +621,14 @@ class RelationStore:
             cond & _epochs_within(log, base_epoch, epoch))
         if semi is not None:
             log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
-        few = few or where is not None or semi is not None
+        few = few or where is not None or semi is not None or narrow is not None
         if few and base:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
         latest = latest_per_key(log_df, list(rel.key))
         live = latest.where(IS_LIVE).selectExpr(*names_sql(out_cols))
+        if narrow is not None:
+            live = live.where(narrow)
         if not base or few:
             return live
         unchanged = base_df.join(F.broadcast(latest.selectExpr(*names_sql(rel.key))),
