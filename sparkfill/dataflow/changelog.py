@@ -85,19 +85,23 @@ def consolidate(before: DataFrame | None, after: DataFrame, columns: Sequence[st
 
 
 def net_changelog(signed: DataFrame, columns: Sequence[str], key: Sequence[str],
-                  weight: str, dist_key: Sequence[str] | None = None) -> DataFrame:
+                  weight: str, dist_key: Sequence[str] | None = None,
+                  spread: bool = True) -> DataFrame:
     """The changelog of signed rows (``columns`` and their ``weight`` column: +1
     arrives, -1 leaves), summed per distinct row, of a relation keyed by ``key``:
     what ``consolidate`` makes of the net's leaving and arriving rows, in one exchange
     — the rows go to their key's partition once, and are netted per row and paired
     per key there (a distinct row holds its key, so its partition holds the row's
-    group too). Each key nets to at most one leaving and one arriving row."""
+    group too). Each key nets to at most one leaving and one arriving row.
+    ``spread=False``: the rows are few, read as one partition, which satisfies both
+    groupings: no exchange (a repartition by key would add one)."""
     keys = ", ".join(quoted(k) for k in key)
     cols = ", ".join(quoted(c) for c in columns)
     img = image_sql(columns)
     w = quoted(weight)
-    net = (f"SELECT {cols}, sum({w}) AS {w} FROM "
-           f"(SELECT * FROM {{_sf_signed}} DISTRIBUTE BY {keys}) AS _sf_spread "
+    rows = (f"(SELECT * FROM {{_sf_signed}} DISTRIBUTE BY {keys}) AS _sf_spread" if spread
+            else "{_sf_signed}")
+    net = (f"SELECT {cols}, sum({w}) AS {w} FROM {rows} "
            f"GROUP BY {cols} HAVING sum({w}) <> 0")
     pairs = (f"SELECT {keys}, first(IF({w} < 0, {img}, NULL), TRUE) AS {BEFORE}, "
              f"first(IF({w} > 0, {img}, NULL), TRUE) AS {AFTER} FROM ({net}) AS _sf_net "

@@ -33,6 +33,7 @@ from ..sql.planner import GROUP_OF_ROW, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
+from ..storage.spark_files import ONE_TASK_ROWS
 from . import aggregate, join, project, topn, union, window
 from .change import WEIGHT, Change, Emit, HeldRows, StateDelta, Unkept, signed_changelog
 from .changelog import consolidate, net_changelog
@@ -123,9 +124,11 @@ class MvDataflow:
         if plan.agg is None:
             if rows is not None and (signed_rows := rows.signed_rows()) is not None:
                 # the change as signed rows (a leaf's changelog read once, or a join's
-                # terms), netted per row and paired per key in one exchange
+                # terms), netted per row and paired per key in one exchange (none for a
+                # small change, read as one partition)
                 result.delta = net_changelog(
-                    signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key, WEIGHT)
+                    signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key, WEIGHT,
+                    spread=rows_hint > ONE_TASK_ROWS)
             elif rows is not None:
                 picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
                 result.delta = consolidate(picked.before, picked.after, names, mv.key,
