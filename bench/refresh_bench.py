@@ -63,6 +63,13 @@ def set_mode(eng: Engine, mode: str) -> None:
         eng.sql(f"ALTER MATERIALIZED VIEW {name} SET refresh = '{mode}'")
 
 
+def stage_changes(eng: Engine, keys: Keys, c: int) -> None:
+    """Stage C random-key changes of ``t`` for the next step."""
+    up, dele = keys.changes(c)
+    eng.insert("t", up)
+    eng.delete("t", dele)
+
+
 def run(args: argparse.Namespace) -> str:
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="sparkfill-refresh-bench-"))
@@ -77,9 +84,7 @@ def run(args: argparse.Namespace) -> str:
         keys = Keys(n, random.Random(args.seed))
         load(eng, spark, n, list(MVS), with_d=True)
         for _ in range(2):  # warm-up epochs
-            up, dele = keys.changes(1_000)
-            eng.insert("t", up)
-            eng.delete("t", dele)
+            stage_changes(eng, keys, 1_000)
             eng.step()
         base = recompute(spark, eng, tmp / "recompute")
         log(f"recompute runs {[round(r, 2) for r in base]}")
@@ -91,9 +96,7 @@ def run(args: argparse.Namespace) -> str:
             for _ in range(args.epochs):
                 for mode in MODES:
                     set_mode(eng, mode)
-                    up, dele = keys.changes(c)
-                    eng.insert("t", up)
-                    eng.delete("t", dele)
+                    stage_changes(eng, keys, c)
                     report, counted, wall = step(eng, jobs)
                     times[mode].append(wall)
                     if mode == "auto":
@@ -121,16 +124,12 @@ def run(args: argparse.Namespace) -> str:
         # the same epochs of C changes with no MV: the table's own share of a step
         plain_keys = Keys(n, random.Random(args.seed))
         for _ in range(2):
-            up, dele = plain_keys.changes(1_000)
-            plain.insert("t", up)
-            plain.delete("t", dele)
+            stage_changes(plain, plain_keys, 1_000)
             plain.step()
         for c in args.changes:
             walls = []
             for _ in range(args.epochs):
-                up, dele = plain_keys.changes(c)
-                plain.insert("t", up)
-                plain.delete("t", dele)
+                stage_changes(plain, plain_keys, c)
                 walls.append(step(plain, jobs)[2])
             alone[c] = median(walls)
             log(f"C={c:,} with no MV: {walls}")

@@ -157,9 +157,11 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
             assert held is not None, "a min/max found again in the leaf needs its rows"
             # the groups' values over the leaf's own columns: the read drops the other
             # groups' rows of its base as it reads them, and merges what is left with
-            # its log in one job
-            rows = project(plan, [held(leaf_group_values_in(plan, values))])
-            if (prefilter := group_values_in(spec.group, values)) is not None:
+            # its log in one job (its rows then pass that filter already)
+            narrow = leaf_group_values_in(plan, values)
+            rows = project(plan, [held(narrow)])
+            if narrow is None and (prefilter := group_values_in(spec.group, values)) \
+                    is not None:
                 # by the group columns first: Spark filters the leaf's rows as it reads
                 # them, before each row's group JSON is built
                 rows = rows.where(prefilter)
@@ -404,8 +406,8 @@ def leaf_group_values_in(plan: MvPlan, values: Sequence[tuple[object, ...]]) -> 
     sql_of = dict(plan.rows)
     leaf_columns = []
     for group in plan.agg.group:
-        node = sqlglot.parse_one(sql_of.get(group, ""), read="spark") \
-            if group in sql_of else None
+        sql = sql_of.get(group)
+        node = None if sql is None else sqlglot.parse_one(sql, read="spark")
         if not isinstance(node, exp.Column):
             return None
         leaf_columns.append(node.name)

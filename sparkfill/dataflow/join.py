@@ -121,7 +121,7 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
             written.append(None)
             continue
         signed_rows = change.signed_rows()
-        if not kept[side] and inner and signed_rows is not None:
+        if not kept[side] and signed_rows is not None:
             # never appended: the bilinear terms sign and net its rows anyway, so the
             # leaf's change is read once and its images are not paired first
             delta = signed_changelog(side_rows(plan, side, signed_rows, state, [WEIGHT]),

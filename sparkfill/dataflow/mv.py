@@ -122,18 +122,18 @@ class MvDataflow:
                                                 epoch)
             return result
         if plan.agg is None:
-            if rows is not None and (signed_rows := rows.signed_rows()) is not None:
-                # the change as signed rows (a leaf's changelog read once, or a join's
-                # terms), netted per row and paired per key in one exchange (none for a
-                # small change, read as one partition)
-                result.delta = net_changelog(
-                    signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key, WEIGHT,
-                    spread=rows_hint > ONE_TASK_ROWS)
-            elif rows is not None:
-                picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
-                result.delta = consolidate(picked.before, picked.after, names, mv.key,
-                                           fresh=picked.fresh)
             if rows is not None:
+                if (signed_rows := rows.signed_rows()) is not None:
+                    # the change as signed rows (a leaf's changelog read once, or a join's
+                    # terms), netted per row and paired per key in one exchange (none
+                    # for a small change, read as one partition)
+                    result.delta = net_changelog(
+                        signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key,
+                        WEIGHT, spread=rows_hint > ONE_TASK_ROWS)
+                else:
+                    picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
+                    result.delta = consolidate(picked.before, picked.after, names, mv.key,
+                                               fresh=picked.fresh)
                 result.as_read = _as_read(mv, leaves, changes, rows, initial)
                 result.inserts = rows.before is None
             return result
@@ -212,7 +212,7 @@ class MvDataflow:
         consolidated: from signed rows (read once), its rows are only mapped — the
         running values sum them signed, and a lost min/max applies them
         (``aggregate_running``), which a pair of equal rows leaves as it was."""
-        if (signed := rows.signed_rows()) is not None and plan.agg is not None:
+        if (signed := rows.signed_rows()) is not None:
             delta = signed_changelog(
                 aggregate.agg_input_rows(plan, state, signed, keep=[WEIGHT]),
                 [c.name for c in state.columns])
