@@ -16,7 +16,7 @@ Loads the steady benchmark's tables and MVs (``steady_bench``: ``t`` of N rows, 
 Classic sessions only (it reads the Spark UI and Py4J). Usage:
     python bench/epoch_anatomy.py [--rows 1000000] [--changes 1000] [--epochs 3]
         [--profile N] [--rules] [--phases] [--mvs [agg join proj]]
-        [--refresh auto|incremental|full]
+        [--refresh auto|incremental|full] [--update]
 """
 
 from __future__ import annotations
@@ -188,6 +188,9 @@ def main() -> int:
                         "own epoch alone)")
     parser.add_argument("--refresh", choices=["auto", "incremental", "full"], default=None,
                         help="set every MV's refresh mode (default: as created, auto)")
+    parser.add_argument("--update", action="store_true",
+                        help="make each epoch a bulk UPDATE t SET v = v + 1 (every row "
+                        "changes) in place of C random-key changes")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
     spark, api = session_with_status_api()
@@ -203,9 +206,12 @@ def main() -> int:
         walls, job_secs = [], []
         timed = range(2, 2 + args.epochs)  # after two warm-ups; then the counted ones
         for i in range(2 + 2 * args.epochs):
-            upserts, deletes = keys.changes(args.changes)
-            eng.insert("t", upserts)
-            eng.delete("t", deletes)
+            if args.update:
+                eng.sql("UPDATE t SET v = v + 1")
+            else:
+                upserts, deletes = keys.changes(args.changes)
+                eng.insert("t", upserts)
+                eng.delete("t", deletes)
             before = max((j["jobId"] for j in api("jobs")), default=-1)
             calls.active = i >= timed.stop
             profiling = profile is not None and i in timed

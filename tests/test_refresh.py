@@ -428,3 +428,131 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
             assert eng.verify(name).count() == 0, name
     finally:
         eng.close()
+
+
+def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise_is_exact(
+        spark, tmp_path, monkeypatch):
+    """A recomputed MV (and state) whose changelog nothing reads, and a table or MV
+    whose Δ is about its size, are written as a new base, not compared and appended:
+    exact at every epoch and by time travel, a sink behind one rewrites its table; a
+    recomputed MV read by another is still compared (its Δ is its downstream's
+    change), and a rewritten relation's Δ is still its readers' change. An epoch
+    that failed after such a rewrite, re-run with the other choice (incremental),
+    takes the rewritten rows and their difference, and its counts stay right."""
+    from deltalake import DeltaTable
+    from scale import at_scale, compact_often
+
+    from sparkfill.pipelines import coordinator as coordinator_mod
+    from sparkfill.progress import RefreshChoice as Choice
+
+    at_scale(monkeypatch)
+    rng = random.Random(11)
+    eng = Engine(tmp_path / "wh", spark=spark)
+    compact_often(eng)
+    queries = {
+        "agg_join": "SELECT t.g, count(*) AS c, max(t.v) AS mx FROM t JOIN d ON t.g = d.g "
+                    "GROUP BY t.g",
+        "inner": "SELECT t.id, t.v, d.name FROM t JOIN d ON t.g = d.g WHERE t.v % 2 = 0",
+        "seen": "SELECT t.id, t.v, d.name FROM t JOIN d ON t.g = d.g",
+        "proj": "SELECT id, g, v * 2 AS w FROM t WHERE v % 3 <> 0",
+        "down": "SELECT name, count(*) AS n FROM seen GROUP BY name",
+    }
+    full = ("agg_join", "inner", "seen")
+
+    def check_all(epoch: int) -> None:
+        frames = {n: eng.read(n, as_of=epoch) for n in ("t", "d", "seen")}
+        for name, sql in queries.items():
+            text = (sql.replace("FROM t", "FROM {t} AS t").replace("JOIN d", "JOIN {d} AS d")
+                    .replace("FROM seen", "FROM {seen}"))
+            assert_same_rows(eng.read(name, as_of=epoch), spark.sql(text, **frames),
+                             label=f"{name} at epoch {epoch}")
+
+    def written_whole(name: str, epoch: int, state: bool = False) -> bool:
+        """Whether ``name`` (its aggregate's state) is a base of ``epoch`` alone (as
+        committed; in its latest Delta version once ``epoch`` failed before its commit)."""
+        rel = eng.relation(name)
+        stored = eng.relation(rel.plan.states[-1]).stored if state else rel.stored
+        files = (eng.store.files_at(stored, epoch) if epoch <= eng.committed_epoch else
+                 eng.store.files(stored, eng.store.latest_version(stored)))
+        return bool(files) and all(f.kind == "base" and f.compaction_epoch == epoch
+                                   for f in files)
+
+    def state_written_whole(name: str, epoch: int) -> bool:
+        return written_whole(name, epoch, state=True)
+
+    def dml() -> None:
+        eng.insert("t", [{"id": rng.randrange(600), "g": rng.randrange(7),
+                          "v": rng.randrange(90)} for _ in range(30)])
+        eng.delete("t", [{"id": rng.randrange(600)} for _ in range(8)])
+
+    try:
+        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+        eng.sql("CREATE TABLE d (g INT, name STRING, PRIMARY KEY (g))")
+        eng.insert("t", spark.range(400).selectExpr("id", "CAST(id % 7 AS INT) AS g",
+                                                    "id * 13 % 89 AS v"))
+        eng.insert("d", [{"g": g, "name": f"n{g}"} for g in range(6)])
+        eng.step()
+        for name, sql in queries.items():
+            mode = "full" if name in full else "incremental"
+            eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking', "
+                    f"refresh = '{mode}') AS {sql}")
+            eng.step()
+        sink = tmp_path / "sink"
+        eng.sql(f"CREATE SINK s FROM inner WITH (connector = 'delta', path = '{sink}')")
+        eng.step()
+        epochs = []
+        for i in range(4):
+            if i == 2:
+                eng.sql("UPDATE t SET v = v + 1")  # every row: proj's Δ is twice its size
+            else:
+                dml()
+            eng.insert("d", [{"g": rng.randrange(8), "name": f"x{i}"}])
+            report = eng.step()
+            check_all(report.epoch)
+            epochs.append(report.epoch)
+            assert written_whole("inner", report.epoch), report.epoch
+            # the aggregate's input rows (kept: a max over a join) too
+            assert state_written_whole("agg_join", report.epoch), report.epoch
+            # read by `down`: compared, its difference appended as its log, or (a Δ
+            # about its size) written whole, the difference `down`'s change
+            assert written_whole("seen", report.epoch) == (i == 2), report.epoch
+            # the table itself, when every row changed (its Δ is the MVs' change)
+            assert written_whole("t", report.epoch) == (i == 2), report.epoch
+            assert report.refresh["inner"].mode == "full"
+            rows = eng.read("inner").select("id", "v", "name").collect()
+            assert sorted(map(tuple, rows)) == sorted(
+                tuple(r.values()) for r in DeltaTable(str(sink)).to_pyarrow_table()
+                .select(["id", "v", "name"]).to_pylist())
+        assert written_whole("proj", epochs[2])  # incremental, its Δ about its size
+        for epoch in epochs:  # time travel over the rewritten epochs
+            check_all(epoch)
+
+        # an epoch fails after its rewrites; its retry takes the change incrementally
+        real_flush = coordinator_mod.EpochAppends.flush
+
+        def failing_flush(self):
+            raise RuntimeError("injected crash after the rewrites")
+        monkeypatch.setattr(coordinator_mod.EpochAppends, "flush", failing_flush)
+        dml()  # a small change: the retry appends Δs where the first run rewrote
+        with pytest.raises(Exception, match="injected crash"):
+            eng.step()
+        failed_epoch = eng.committed_epoch + 1
+        assert written_whole("inner", failed_epoch)
+        assert state_written_whole("agg_join", failed_epoch)
+        monkeypatch.setattr(coordinator_mod.EpochAppends, "flush", real_flush)
+        monkeypatch.setattr(RefreshPolicy, "choose", lambda self, mv, changed, leaf_rows:
+                            Choice("incremental", "the retry's choice"))
+        eng.close()
+        eng = Engine(tmp_path / "wh", spark=spark)  # recovers: re-runs the epoch
+        compact_often(eng)
+        assert eng.committed_epoch == failed_epoch
+        check_all(failed_epoch)
+        for name in queries:
+            assert eng.relation(name).row_count == eng.read(name).count(), name
+        dml()
+        eng.insert("d", [{"g": 3, "name": "after"}])
+        check_all(eng.step().epoch)
+        for name in queries:
+            assert eng.verify(name).count() == 0, name
+    finally:
+        eng.close()

@@ -37,7 +37,8 @@ from .change import Change, Emit
 from .changelog import consolidate, union_all
 from .mv import stage_input_rows
 
-__all__ = ["Target", "leaf_part", "contents", "recompute", "mapped_change", "difference"]
+__all__ = ["Target", "leaf_part", "contents", "recompute", "mapped_change", "difference",
+           "Replace", "Rewrite"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,10 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
 #: (columns + ``_vnode``) in place of every file, and its Δ, for the relations that
 #: read it in ``e`` (``EpochAppends.replace``)
 Replace = Callable[[Relation, DataFrame, DataFrame], None]
+#: a recompute's write of a relation whose changelog nothing reads: its rows at ``e``
+#: (columns + ``_vnode``) as its new base, no comparison made and no Δ kept; False
+#: when it is read (or small): its difference is appended (``EpochAppends.rewrite_unread``)
+Rewrite = Callable[[Relation, DataFrame], bool]
 
 
 def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
@@ -137,7 +142,8 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
               changes: Sequence[Change | None], leaf_counts: Sequence[int], epoch: int,
               emit: Emit, rows_hint: int, whole: bool = False,
               rows_before: Callable[[], Sequence[DataFrame]] | None = None,
-              replace: Replace | None = None) -> DataFrame | None:
+              replace: Replace | None = None,
+              rewrite: Rewrite | None = None) -> DataFrame | None:
     """Recompute a created MV in ``epoch`` from its leaves' rows at ``epoch``
     (``leaf_rows``, about ``leaf_counts`` rows each; ``changes``: each leaf's change
     this epoch): append each state table's difference from ``epoch - 1`` (``emit``)
@@ -154,7 +160,11 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
     are what the MV held then, ``contents`` over the leaves' rows at ``epoch - 1``
     (``rows_before()``), so its difference is the change an incremental epoch would
     have written; its rows at ``epoch`` are written in place of every file
-    (``replace``), and None stands for its difference here (it was written)."""
+    (``replace``), and None stands for its difference here (it was written).
+
+    Otherwise a relation compared whole whose changelog nothing reads (``rewrite``
+    takes it) is not compared at all: its rows are written as its new base, and
+    None stands for its difference."""
     targets = contents(mv, leaves, states,
                        lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
     deltas: list[DataFrame | None] = []
@@ -173,12 +183,15 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
                 before = _before(mv, leaves, states, rows_before(), leaf_counts)
             rel, names = target.rel, [c.name for c in target.rel.columns]
             rows = target.rows.selectExpr(*names_sql(names))
-            replace(rel, consolidate(None, rows, names, rel.key, target.dist or None).drop(OP),
+            replace(rel, _placed(target),
                     consolidate(before[i].rows.selectExpr(*names_sql(names)), rows, names,
                                 rel.key, target.dist or None))
             deltas.append(None)
             continue
         if target.leaf is None or whole:
+            if not whole and rewrite is not None and rewrite(target.rel, _placed(target)):
+                deltas.append(None)  # written whole: nothing reads its changelog
+                continue
             deltas.append(difference(store, target, epoch))
             continue
         change = changes[target.leaf]
@@ -187,6 +200,13 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
         if delta is not None:
             emit(target.rel, delta, rows_hint)
     return deltas[-1]
+
+
+def _placed(target: Target) -> DataFrame:
+    """``target``'s rows with their vnodes (columns + ``_vnode``): a new base's rows."""
+    rel, names = target.rel, [c.name for c in target.rel.columns]
+    return consolidate(None, target.rows.selectExpr(*names_sql(names)), names, rel.key,
+                       target.dist or None).drop(OP)
 
 
 def _before(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],

@@ -58,7 +58,7 @@ from ..backfill.state import (
     state_to_row,
 )
 from ..dataflow.change import Deferred, Emit, HeldRows, StateDelta, change_of
-from ..dataflow.changelog import after_images
+from ..dataflow.changelog import after_images, consolidate
 from ..dataflow.mv import DataflowResult, MvDataflow
 from ..dataflow.recompute import recompute
 from ..dataflow.topn import rebuilt_top_n
@@ -141,6 +141,13 @@ class EpochAppends:
     cached: list[DataFrame] = field(default_factory=list)
     #: write every Δ alone, none deferred (the run that finds whose deferred Δ failed)
     no_defer: bool = False
+    #: the names of the relations whose changelog an MV reads (their Δs this epoch, or
+    #: their logs while it is created): every other MV's changelog is only written
+    read_now: frozenset[str] = frozenset()
+    #: the names of the relations whose log an MV not yet created may read in a later
+    #: epoch (its backfill's catch-up): every other relation's changelog is read, if
+    #: at all, in the epoch that writes it, from its Δ
+    log_read: frozenset[str] = frozenset()
 
     def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
                tag: int | None = None, placed: bool = False,
@@ -153,6 +160,8 @@ class EpochAppends:
                                     prepared=prepared, as_read=as_read, inserts=inserts)
         if written is None:
             return None
+        if written.rewritten:
+            written = self._recovered_rewrite(rel, written)
         self.deltas[rel.id] = written.delta
         self.counts[rel.id] = written.counts
         if tag == self.epoch:
@@ -160,6 +169,25 @@ class EpochAppends:
         else:
             self.tagged.append((rel.id, tag, written.version))
         return written
+
+    def _recovered_rewrite(self, rel: Relation, written: Appended) -> Appended:
+        """A retried epoch whose first attempt wrote ``rel``'s rows as its new base
+        (``rewrite``, ``rewrite_rows``) where this attempt appends a Δ: the rows are
+        there; the Δ, for whatever reads it this epoch, is the difference of the
+        relation's rows at ``e-1`` and at ``e`` (each row keeps its stored vnode)."""
+        names = [c.name for c in rel.columns]
+        key, vnode = list(rel.key), "_sf_stored_vnode"
+
+        def rows_at(epoch: int, files: Sequence[Any]) -> DataFrame:
+            return (self.store.snapshot(rel.stored, epoch, files=files, bulk=True)
+                    .selectExpr(*names_sql(names), f"{VNODE} AS {vnode}"))
+        old = rows_at(self.epoch - 1, self.store.files_at(rel.stored, self.epoch - 1))
+        new = rows_at(self.epoch, self.store.files(rel.stored, written.version))
+        delta = (consolidate(old, new, [*names, vnode], key).drop(VNODE)
+                 .withColumnRenamed(vnode, VNODE))
+        counts = {"+": written.counts.get("+", 0), "-": rel.row_count}
+        return Appended(written.version, written.observed._replace(counts=counts),
+                        lambda: delta)
 
     def defer(self, rel: Relation, delta: DataFrame) -> None:
         """Append ``rel``'s small Δ with the others deferred, in ``flush``: for an MV
@@ -176,6 +204,8 @@ class EpochAppends:
                                          self.epoch)
         for (rel, _), out in zip(items, written, strict=True):
             if out is not None:
+                if out.rewritten:  # (its Δ is not read: only its counts are wanted)
+                    out = self._recovered_rewrite(rel, out)
                 self.counts[rel.id] = out.counts
                 self.versions[rel.id] = out.version
 
@@ -204,13 +234,14 @@ class EpochAppends:
         return emit
 
     def rewrite(self, rel: Relation, delta: DataFrame) -> DataFrame:
-        """Write a state table's rows at this epoch — its rows at ``e-1`` with
-        ``delta`` applied — as its new base, in place of appending ``delta``: a Δ of
-        about as many rows as the table (a bulk UPDATE's before- and after-images are
-        twice as many) costs more to append, and its log would be folded into a
-        base right after. Only the table's own operator reads a state's changelog,
-        and only in the epoch that writes it (from ``delta`` itself): the rows at
-        every epoch are all that must be kept, and they are. Returns ``delta``
+        """Write a state table's (or an unread MV's) rows at this epoch — its rows at
+        ``e-1`` with ``delta`` applied — as its new base, in place of appending
+        ``delta``: a Δ of about as many rows as the table (a bulk UPDATE's before- and
+        after-images are twice as many) costs more to append, and its log would be
+        folded into a base right after. Only the table's own operator reads a state's
+        changelog, and only in the epoch that writes it (from ``delta`` itself); an
+        MV's only the MVs over it (``unread``): the rows at every epoch are all that
+        must be kept, and they are. Returns ``delta``
         cached (the rewrite and the operator both read it; released after the
         commit), so it is computed once, as an append computes it once."""
         delta = delta.persist()
@@ -223,7 +254,39 @@ class EpochAppends:
         version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
         self.versions[rel.id] = version
         self.counts[rel.id] = counts
+        self.deltas[rel.id] = delta  # for the MVs that read it this epoch
         return delta
+
+    def unread(self, rel: Relation) -> bool:
+        """Whether nothing reads ``rel``'s changelog: a state table's is read only by
+        its operator, in the epoch that writes it; an MV's by the MVs over it."""
+        return rel.kind == "state" or (rel.kind == "mv" and rel.name.lower() not in self.read_now)
+
+    def log_unread(self, rel: Relation) -> bool:
+        """Whether ``rel``'s changelog of this epoch is read, if at all, only this
+        epoch, as its Δ (``deltas``): no MV over it is being created (a sink behind
+        it rewrites its table when its log no longer holds what it missed)."""
+        return rel.kind == "state" or rel.name.lower() not in self.log_read
+
+    def rewrite_unread(self, rel: Relation, rows: DataFrame) -> bool:
+        """``rewrite_rows`` for a recompute's rows of a relation that holds more than
+        ``LOCAL_WRITE_ROWS`` rows and whose changelog nothing reads; False (nothing
+        written) for any other."""
+        if rel.row_count <= LOCAL_WRITE_ROWS or not self.unread(rel):
+            return False
+        self.rewrite_rows(rel, rows)
+        return True
+
+    def rewrite_rows(self, rel: Relation, rows: DataFrame) -> None:
+        """Write ``rows`` (columns + ``_vnode``), a recompute's of a relation whose
+        changelog nothing reads, as its new base in place of every file: no
+        comparison with its rows at ``e-1``, and no changelog kept for the epoch
+        (its snapshots at every epoch are all that is kept, and they are; a sink
+        behind it rewrites its table from the new base). Its counts: ``+`` the rows
+        written, ``-`` the rows they replace."""
+        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
+        self.versions[rel.id] = version
+        self.counts[rel.id] = counts
 
     def replace(self, rel: Relation, rows: DataFrame, delta: DataFrame) -> None:
         """A repair of a relation whose data files at ``e-1`` are damaged (``ALTER ...
@@ -603,6 +666,11 @@ class EpochCoordinator:
                      if self.catalog.find_by_id(int(m)) is not None
                      and self.catalog.find_by_id(int(r)) is not None}
         read_now |= {self.catalog.get_by_id(r).name.lower() for r in switching.values()}
+        appends.read_now = frozenset(read_now)
+        appends.log_read = frozenset(
+            {u.lower() for r in self.catalog.all() if r.kind == "mv" and r.state != "created"
+             for u in r.upstreams}
+            | {self.catalog.get_by_id(r).name.lower() for r in switching.values()})
         switches: list[Switch] = []
         #: SWAP WITH: each MV as it is once it took the other's definition, from the
         #: catalog before either changes
@@ -678,6 +746,17 @@ class EpochCoordinator:
                             and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now
                             and not appends.no_defer):
                         appends.defer(rel, out.delta)
+                    elif (not scans and out.tag is None
+                          and not (out.placed or out.prepared or out.as_read)
+                          and rel.row_count > LOCAL_WRITE_ROWS and appends.log_unread(rel)
+                          and hint >= REWRITE_FRACTION * rel.row_count):
+                        # a Δ of about as many rows as the table or MV, whose log no
+                        # backfill reads: its rows at e written as its new base (as a
+                        # state table's), not a log about its size that a fold would
+                        # rewrite right after and every read would merge until then;
+                        # the MVs over it read the Δ, cached
+                        with self.store.reading_for(rel.name):
+                            appends.rewrite(rel, out.delta)
                     else:
                         with self.store.reading_for(rel.name):
                             appends.append(rel, out.delta, hint, out.tag, out.placed,
@@ -868,7 +947,7 @@ class EpochCoordinator:
                                  epoch, appends.emitter(), hint, whole=repair,
                                  rows_before=lambda: [self._rows_at(leaf, None, epoch - 1)
                                                       for leaf in leaves],
-                                 replace=appends.replace)
+                                 replace=appends.replace, rewrite=appends.rewrite_unread)
                 return DataflowResult(diff, recomputed=True), [], hint
             emit = appends.emitter(may_wait=True, may_retract=any(retracts(c) for c in ops))
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
@@ -1141,4 +1220,9 @@ def retry_plan(failed: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
         plan["no_defer"] = True
     for key in ("limits", "parallelism"):
         plan[key] = {**fresh.get(key, {}), **failed.get(key, {})}
+    # an MV whose creation began after the failed run was planned waits for the next
+    # epoch: that run may have written a relation it reads as a new base, keeping no
+    # changelog of the epoch for a backfill to read (``EpochAppends.log_unread``)
+    began = [int(i) for i in fresh.get("limits", {}) if i not in failed.get("limits", {})]
+    plan["queued"] = sorted({*fresh.get("queued", []), *began})
     return plan

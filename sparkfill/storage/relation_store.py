@@ -277,6 +277,10 @@ class Appended:
     version: int
     observed: Observed
     read_back: Callable[[], DataFrame] = field(repr=False, compare=False)
+    #: found on a retry: an earlier attempt of the epoch wrote the relation's rows as
+    #: its new base (``rewrite``) in place of its changelog; ``counts`` then holds only
+    #: ``+``, the rows written, and there is no changelog to read back
+    rewritten: bool = False
 
     @cached_property
     def delta(self) -> DataFrame:
@@ -1021,7 +1025,16 @@ class RelationStore:
                   collect_keys: bool) -> Appended | None:
         """The append of ``epoch`` that an earlier attempt committed (recovery)."""
         prefix = f"log/e{epoch:010d}-"
-        written = [f for f in self.files(rel, version) if f.path.startswith(prefix)]
+        files = self.files(rel, version)
+        written = [f for f in files if f.path.startswith(prefix)]
+        if not written and all(f.kind == "base" and f.compaction_epoch == epoch
+                               for f in files):
+            # the epoch's first attempt rewrote the relation (a choice a retry may not
+            # make again; an append of ``epoch`` leaves log files of it, a fold runs
+            # after the commit): its rows at ``epoch`` are there, its changelog is not
+            return Appended(version, Observed({"+": sum(f.rows for f in files)},
+                                              tuple(range(VNODE_COUNT)), None, None),
+                            _no_changelog, rewritten=True)
         if not written:
             return None
         delta = self._read_delta(rel, [f.uri for f in written], sum(f.rows for f in written))
@@ -1376,6 +1389,11 @@ def inserts_observed(files: Sequence[WrittenFile]) -> dict[str, Any]:
         vnodes.update(range(VNODE_COUNT) if lo is None or hi is None
                       else range(int(lo), int(hi) + 1))
     return {"op0": sum(f.rows for f in files), "vnodes": sorted(vnodes)}
+
+
+def _no_changelog() -> DataFrame:
+    raise AssertionError("a rewritten epoch keeps no changelog: read the difference of "
+                         "its snapshots")
 
 
 def _observed(values: dict[str, Any]) -> Observed:
