@@ -15,7 +15,9 @@ Invariants:
   ``contents`` of its leaves at ``e``: downstream MVs, sinks and time travel see
   exactly the changelog an incremental epoch would have written (``changelog``).
   The difference is a keyed comparison run by Spark (one exchange per relation,
-  no collect): its cost is a scan of the leaves and of the MV's own relations.
+  no collect): its cost is a scan of the leaves and of the MV's own relations. A
+  relation compared whole whose changelog nothing reads (``Rewrite``) is not
+  compared: its rows are written as its new base, and no Δ is kept.
   Rows that are one leaf's rows one by one take that leaf's change, mapped, as
   their difference — except in a repair (``ALTER ... RECOMPUTE``), which trusts
   nothing a relation holds and compares them whole too.

@@ -22,7 +22,10 @@ Epoch ``e``:
    relation whose inputs did not change runs nothing. The small Δs nothing reads
    back this epoch — of created MVs no MV reads, and of state tables whose operator
    reads the Δ's plan itself — are appended together at the end of the phase, their
-   rows brought to the driver by one Spark job;
+   rows brought to the driver by one Spark job. A relation whose changelog no later
+   epoch reads takes a Δ of about its size (and a recomputed MV nothing reads, its
+   rows) as a new base in place of an append (``EpochAppends.rewrite``,
+   ``rewrite_unread``);
 3. commit ``e`` in the meta store: versions, row counts, progress, applied DML,
    and its row of ``epochs`` (its time, the creating jobs' share of it, its changes
    and Spark jobs, each job's rows; the previous epoch's work after its commit);
@@ -1210,7 +1213,8 @@ def retry_plan(failed: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
     catalog asks now: a RECOMPUTE, a switch, a new MV's chunk) with the failed run's
     inputs pinned: its DML bound (DML staged since waits for the next epoch: a
     landed table append does not hold it), processing time, chunk limits and
-    parallelism. A failed SWAP is run again as it was."""
+    parallelism; an MV that began creating since waits for the next epoch. A failed
+    SWAP is run again as it was."""
     if failed.get("swap"):
         return failed
     plan = {**fresh, "dml_upto": failed["dml_upto"]}

@@ -3,9 +3,11 @@ or by a recompute from its leaves whose difference is its Δ
 (``dataflow/recompute.py``).
 
 Invariant: the choice changes what an epoch costs, never what it writes — both
-ways append the same consolidated changelog, so downstream MVs, sinks and time
-travel cannot tell them apart. It is made per MV per epoch, from the epoch's
-change and the costs measured in this process, and reported with its reason in
+ways give the same consolidated changelog as the MV's Δ (or, for an MV whose
+changelog nothing reads, the same rows as its new base:
+``EpochAppends.rewrite_unread``), so downstream MVs, sinks and time travel cannot
+tell them apart. It is made per MV per epoch, from the epoch's change and the
+costs measured in this process, and reported with its reason in
 ``EpochReport.refresh``; the option ``refresh`` (``'incremental'`` or ``'full'``)
 forces it, ``'auto'`` (the default) lets it be chosen:
 

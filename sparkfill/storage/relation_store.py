@@ -24,10 +24,11 @@ Invariants:
   written as the epoch's log files elsewhere (a placed first load, ``dml``) is
   linked in, with what its write observed, instead of written again.
 - Compaction swaps all files for new base files (a fold), or the log files for
-  one log file of the same rows (a merge), in one Delta commit. A state table's
-  epoch that changes most of its rows may do the same in place of an append
-  (``rewrite``): its rows at that epoch as its new base, its Δ not kept (only its
-  operator reads it, in that epoch, from the Δ's plan).
+  one log file of the same rows (a merge), in one Delta commit. An epoch of a
+  relation whose changelog no later epoch reads may do the same in place of an
+  append (``rewrite``): its rows at that epoch as its new base, its Δ not kept (the
+  readers of that epoch read it from the Δ's plan). A retry of the epoch that
+  appends instead finds that base (``Appended.rewritten``).
 - A base of at least ``keyed_copy_min_rows`` rows, of a relation whose key's first
   column is of an integer or string type, gets *keyed copies* once a lookup of a few keys has read
   it (``write_keyed_copies``, after the epoch commits): beside each base file, its
