@@ -23,7 +23,7 @@ the written files, so no Δ is computed twice and no plan grows down a chain.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from pyspark import StorageLevel
@@ -74,6 +74,10 @@ class DataflowResult:
     #: frames this epoch's operators cached (read by two of its jobs): released after
     #: the commit
     cached: list[DataFrame] = field(default_factory=list)
+    #: the relation's rows at the epoch (columns + ``_vnode``), built when asked for,
+    #: where they cost less than ``delta`` applied to its rows at ``e-1`` (a table's:
+    #: ``TableDelta.rows_at``): what a rewrite in place of the append writes
+    rows_at: Callable[[], DataFrame] | None = None
 
 
 class MvDataflow:

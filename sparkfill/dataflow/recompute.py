@@ -40,7 +40,7 @@ from .changelog import consolidate, union_all
 from .mv import stage_input_rows
 
 __all__ = ["Target", "leaf_part", "contents", "recompute", "mapped_change", "difference",
-           "Replace", "Rewrite"]
+           "Replace", "Rewrite", "REWRITE_MAPPED_FRACTION"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,11 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
     return targets
 
 
+#: a relation whose rows are one leaf's rows one by one, and whose leaf's change is
+#: at least this share of its rows, is rewritten whole (when nothing reads its
+#: changelog), not given that change mapped: a Δ about its size costs more to apply
+REWRITE_MAPPED_FRACTION = 0.5
+
 #: a repair's write of a relation whose files at ``e-1`` are damaged: its rows at ``e``
 #: (columns + ``_vnode``) in place of every file, and its Δ, for the relations that
 #: read it in ``e`` (``EpochAppends.replace``)
@@ -166,7 +171,8 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
 
     Otherwise a relation compared whole whose changelog nothing reads (``rewrite``
     takes it) is not compared at all: its rows are written as its new base, and
-    None stands for its difference."""
+    None stands for its difference; so is one a change maps to when the change is
+    about its size (``REWRITE_MAPPED_FRACTION``)."""
     targets = contents(mv, leaves, states,
                        lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
     deltas: list[DataFrame | None] = []
@@ -197,6 +203,11 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
             deltas.append(difference(store, target, epoch))
             continue
         change = changes[target.leaf]
+        if (change is not None and not whole and rewrite is not None
+                and rows_hint >= REWRITE_MAPPED_FRACTION * target.rel.row_count
+                and rewrite(target.rel, _placed(target))):
+            deltas.append(None)  # a change about its size: its rows written whole
+            continue
         deltas.append(None if change is None else mapped_change(mv, states, target, change))
     for target, delta in zip(targets[:-1], deltas[:-1], strict=True):
         if delta is not None:

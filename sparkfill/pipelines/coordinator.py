@@ -236,7 +236,8 @@ class EpochAppends:
             return self.append(rel, delta, rows_hint, tag)
         return emit
 
-    def rewrite(self, rel: Relation, delta: DataFrame) -> DataFrame:
+    def rewrite(self, rel: Relation, delta: DataFrame,
+                rows: DataFrame | None = None) -> DataFrame:
         """Write a state table's (or an unread MV's) rows at this epoch — its rows at
         ``e-1`` with ``delta`` applied — as its new base, in place of appending
         ``delta``: a Δ of about as many rows as the table (a bulk UPDATE's before- and
@@ -246,14 +247,17 @@ class EpochAppends:
         MV's only the MVs over it (``unread``): the rows at every epoch are all that
         must be kept, and they are. Returns ``delta``
         cached (the rewrite and the operator both read it; released after the
-        commit), so it is computed once, as an append computes it once."""
+        commit), so it is computed once, as an append computes it once. ``rows``: the
+        rows at this epoch, where they cost less than ``delta`` applied (a table's,
+        from its staged rows): then ``delta`` is computed only if something reads it."""
         delta = delta.persist()
         self.cached.append(delta)
-        key = list(rel.key)
-        cols = names_sql([*[c.name for c in rel.columns], VNODE])
-        old = self.store.snapshot(rel.stored, self.epoch - 1, bulk=True)
-        rows = (old.join(delta.selectExpr(*names_sql(key)), key, "left_anti").selectExpr(*cols)
-                .unionByName(after_images(delta).selectExpr(*cols)))
+        if rows is None:
+            key = list(rel.key)
+            cols = names_sql([*[c.name for c in rel.columns], VNODE])
+            old = self.store.snapshot(rel.stored, self.epoch - 1, bulk=True)
+            rows = (old.join(delta.selectExpr(*names_sql(key)), key, "left_anti")
+                    .selectExpr(*cols).unionByName(after_images(delta).selectExpr(*cols)))
         version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
         self.versions[rel.id] = version
         self.counts[rel.id] = counts
@@ -759,7 +763,8 @@ class EpochCoordinator:
                         # rewrite right after and every read would merge until then;
                         # the MVs over it read the Δ, cached
                         with self.store.reading_for(rel.name):
-                            appends.rewrite(rel, out.delta)
+                            appends.rewrite(rel, out.delta,
+                                            None if out.rows_at is None else out.rows_at())
                     else:
                         with self.store.reading_for(rel.name):
                             appends.append(rel, out.delta, hint, out.tag, out.placed,
@@ -905,7 +910,8 @@ class EpochCoordinator:
                 return None, [], 0
             table = table_delta(self.spark, self.store, rel, batches, epoch - 1,
                                 int(plan["proctime_us"]))
-            return (DataflowResult(table.delta, placed=table.placed, prepared=table.prepared),
+            return (DataflowResult(table.delta, placed=table.placed, prepared=table.prepared,
+                                   rows_at=table.rows_at),
                     [], sum(b.rows for b in batches))
         assert rel.plan is not None and rel.options is not None
         leaves = self.catalog.leaves_of(rel)

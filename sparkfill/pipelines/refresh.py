@@ -13,7 +13,9 @@ forces it, ``'auto'`` (the default) lets it be chosen:
 
 * an MV whose rows are its leaves' rows one by one (filter/project, UNION ALL)
   is taken incrementally: its change, mapped row by row, is all a recompute
-  would find;
+  would find — unless the change is at least ``MIN_FULL_ROWS`` rows and
+  ``FULL_FRACTION`` of its leaves' rows, when its rows written whole from its
+  leaves (``recompute``) cost less than a change about their size applied;
 * a change of fewer than ``MIN_FULL_ROWS`` rows is taken incrementally (its
   epoch costs about its fixed cost, which a recompute pays too, plus a scan);
 * once both ways have been measured on this MV, the cheaper estimate wins: an
@@ -62,7 +64,13 @@ class RefreshPolicy:
         if mode in (INCREMENTAL, FULL):
             return RefreshChoice(mode, f"refresh = '{mode}'")
         plan = mv.plan
+        share = changed_rows / max(1, leaf_rows)
         if plan is not None and plan.agg is None and plan.join is None and plan.window is None:
+            if changed_rows >= MIN_FULL_ROWS and share >= FULL_FRACTION:
+                return RefreshChoice(FULL, (
+                    f"its rows are its leaves' rows one by one, and {changed_rows:,} changed "
+                    f"rows are {share:.1%} of the {leaf_rows:,} its leaves hold: its rows "
+                    "written whole cost less than its change mapped and applied"))
             return RefreshChoice(INCREMENTAL, "its rows are its leaves' rows one by one: "
                                               "their change is all a recompute would find")
         if changed_rows < MIN_FULL_ROWS:
@@ -75,7 +83,6 @@ class RefreshPolicy:
                 FULL if incremental > full else INCREMENTAL,
                 f"measured: incremental about {incremental:.2f}s, recompute about {full:.2f}s "
                 f"({changed_rows:,} changed rows of {leaf_rows:,})")
-        share = changed_rows / max(1, leaf_rows)
         return RefreshChoice(
             FULL if share >= FULL_FRACTION else INCREMENTAL,
             f"{changed_rows:,} changed rows are {share:.1%} of the {leaf_rows:,} its leaves "

@@ -420,6 +420,10 @@ class TableDelta(NamedTuple):
     delta: DataFrame
     placed: bool = False
     prepared: tuple[str, ...] = ()
+    #: the table's rows at the epoch (columns + ``_vnode``), built when asked for: a
+    #: rewrite of the table in place of the append reads them, not ``delta`` (which
+    #: then is computed only if an MV reads it)
+    rows_at: Callable[[], DataFrame] | None = None
 
 
 def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
@@ -467,7 +471,16 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     # no images to pair
     old = (_old_rows(store, rel, batches, files, single, staged.selectExpr(*names_sql(key)),
                      prev_epoch, before) if before else None)
-    return TableDelta(consolidate(old, new, cols, key), placed is not None)
+
+    def rows_at() -> DataFrame:
+        """The rows at the epoch: the untouched rows at ``prev_epoch`` and each
+        touched key's latest upsert."""
+        kept = store.snapshot(rel.stored, prev_epoch, files=before, bulk=True).join(
+            staged.selectExpr(*names_sql(key)), key, "left_anti")
+        return kept.selectExpr(*names_sql([*cols, VNODE])).unionByName(
+            new.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key]))))
+    return TableDelta(consolidate(old, new, cols, key), placed is not None,
+                      rows_at=rows_at if before else None)
 
 
 def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
