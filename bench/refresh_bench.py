@@ -21,7 +21,7 @@ rows: ``auto`` ≤ 1.1× the recompute; the bulk UPDATE: ≤ 1.1× the recompute
 the UPDATE with no MV.
 
 Usage: python bench/refresh_bench.py [--rows 1000000] [--changes 10000 30000 100000]
-       [--epochs 2] [--out bench/RESULTS.md]
+       [--epochs 2] [--log-fraction F] [--out bench/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> str:
     n = args.rows
     try:
         eng = Engine(tmp / "warehouse", spark=spark)
+        if args.log_fraction is not None:
+            eng.store.log_fraction = args.log_fraction
         keys = Keys(n, random.Random(args.seed))
         load(eng, spark, n, list(MVS), with_d=True)
         for _ in range(2):  # warm-up epochs
@@ -120,6 +122,8 @@ def run(args: argparse.Namespace) -> str:
         base_after = recompute(spark, eng, tmp / "recompute")
         eng.close()
         plain = Engine(tmp / "plain", spark=spark)
+        if args.log_fraction is not None:
+            plain.store.log_fraction = args.log_fraction
         load(plain, spark, n, [], with_d=True)
         # the same epochs of C changes with no MV: the table's own share of a step
         plain_keys = Keys(n, random.Random(args.seed))
@@ -181,6 +185,9 @@ def main() -> int:
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=None, help="append the results to this markdown file")
+    parser.add_argument("--log-fraction", type=float, default=None,
+                        help="fold a relation's log into base once it holds this many rows "
+                        "per base row (default: the store's)")
     args = parser.parse_args()
     started = time.time()
     text = run(args)
