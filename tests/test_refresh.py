@@ -350,6 +350,39 @@ def test_a_sampled_verify_finds_a_wrong_row_with_its_probability_and_runs_every_
         eng.close()
 
 
+def _load_t_and_d(eng, spark, rows: int, groups: int) -> None:
+    """``t(id, g, v)`` of ``rows`` rows over 7 groups and ``d(g, name)`` of ``groups``
+    rows, committed."""
+    eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
+    eng.sql("CREATE TABLE d (g INT, name STRING, PRIMARY KEY (g))")
+    eng.insert("t", spark.range(rows).selectExpr("id", "CAST(id % 7 AS INT) AS g",
+                                                 "id * 13 % 89 AS v"))
+    eng.insert("d", [{"g": g, "name": f"n{g}"} for g in range(groups)])
+    eng.step()
+
+
+def _check_over_t_and_d(eng, spark, queries: dict[str, str], epoch: int,
+                        mvs_read: tuple[str, ...] = ()) -> None:
+    """Each MV of ``queries`` (over ``t``, ``d`` and the MVs ``mvs_read``) equals its
+    batch query over their rows at ``epoch``."""
+    frames = {n: eng.read(n, as_of=epoch) for n in ("t", "d", *mvs_read)}
+    for name, sql in queries.items():
+        text = sql.replace("FROM t", "FROM {t} AS t").replace("JOIN d", "JOIN {d} AS d")
+        for mv in mvs_read:
+            text = text.replace(f"FROM {mv}", "FROM {" + mv + "}")
+        assert_same_rows(eng.read(name, as_of=epoch), spark.sql(text, **frames),
+                         label=f"{name} at epoch {epoch}")
+
+
+def _is_base_of(eng, stored, epoch: int) -> bool:
+    """Whether the relation ``stored`` is a base written by ``epoch`` alone (as
+    committed; in its latest Delta version once ``epoch`` failed before its commit)."""
+    files = (eng.store.files_at(stored, epoch) if epoch <= eng.committed_epoch else
+             eng.store.files(stored, eng.store.latest_version(stored)))
+    return bool(files) and all(f.kind == "base" and f.compaction_epoch == epoch
+                               for f in files)
+
+
 def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_too(
         spark, tmp_path, monkeypatch):
     """A state Δ of about as many rows as its table (a bulk UPDATE) is written as
@@ -373,19 +406,10 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
     }
 
     def check_all(epoch: int) -> None:
-        frames = {n: eng.read(n, as_of=epoch) for n in ("t", "d")}
-        for name, sql in queries.items():
-            text = sql.replace("FROM t", "FROM {t} AS t").replace("JOIN d", "JOIN {d} AS d")
-            assert_same_rows(eng.read(name, as_of=epoch), spark.sql(text, **frames),
-                             label=f"{name} at epoch {epoch}")
+        _check_over_t_and_d(eng, spark, queries, epoch)
 
     try:
-        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
-        eng.sql("CREATE TABLE d (g INT, name STRING, PRIMARY KEY (g))")
-        eng.insert("t", spark.range(300).selectExpr("id", "CAST(id % 7 AS INT) AS g",
-                                                    "id * 13 % 89 AS v"))
-        eng.insert("d", [{"g": g, "name": f"n{g}"} for g in range(5)])
-        eng.step()
+        _load_t_and_d(eng, spark, rows=300, groups=5)
         for name, sql in queries.items():
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking') AS {sql}")
         eng.step()
@@ -402,9 +426,7 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
         rewritten = {}
         for name, side in (("run_agg", -1), ("glob", -1), ("inner", 0)):  # t's states
             for state in [eng.relation(name).plan.states[side]]:
-                files = eng.store.files_at(eng.relation(state).stored, report.epoch)
-                rewritten[state] = bool(files) and all(
-                    f.kind == "base" and f.compaction_epoch == report.epoch for f in files)
+                rewritten[state] = _is_base_of(eng, eng.relation(state).stored, report.epoch)
         assert all(rewritten.values()), rewritten
         # small changes read the rewritten states
         eng.sql("UPDATE t SET v = v + 100 WHERE id % 37 = 1")
@@ -462,22 +484,13 @@ def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise
     full = ("agg_join", "inner", "seen")
 
     def check_all(epoch: int) -> None:
-        frames = {n: eng.read(n, as_of=epoch) for n in ("t", "d", "seen")}
-        for name, sql in queries.items():
-            text = (sql.replace("FROM t", "FROM {t} AS t").replace("JOIN d", "JOIN {d} AS d")
-                    .replace("FROM seen", "FROM {seen}"))
-            assert_same_rows(eng.read(name, as_of=epoch), spark.sql(text, **frames),
-                             label=f"{name} at epoch {epoch}")
+        _check_over_t_and_d(eng, spark, queries, epoch, mvs_read=("seen",))
 
     def written_whole(name: str, epoch: int, state: bool = False) -> bool:
-        """Whether ``name`` (its aggregate's state) is a base of ``epoch`` alone (as
-        committed; in its latest Delta version once ``epoch`` failed before its commit)."""
+        """Whether ``name`` (its aggregate's state) is a base of ``epoch`` alone."""
         rel = eng.relation(name)
-        stored = eng.relation(rel.plan.states[-1]).stored if state else rel.stored
-        files = (eng.store.files_at(stored, epoch) if epoch <= eng.committed_epoch else
-                 eng.store.files(stored, eng.store.latest_version(stored)))
-        return bool(files) and all(f.kind == "base" and f.compaction_epoch == epoch
-                                   for f in files)
+        return _is_base_of(eng, eng.relation(rel.plan.states[-1]).stored if state
+                           else rel.stored, epoch)
 
     def state_written_whole(name: str, epoch: int) -> bool:
         return written_whole(name, epoch, state=True)
@@ -488,12 +501,7 @@ def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise
         eng.delete("t", [{"id": rng.randrange(600)} for _ in range(8)])
 
     try:
-        eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
-        eng.sql("CREATE TABLE d (g INT, name STRING, PRIMARY KEY (g))")
-        eng.insert("t", spark.range(400).selectExpr("id", "CAST(id % 7 AS INT) AS g",
-                                                    "id * 13 % 89 AS v"))
-        eng.insert("d", [{"g": g, "name": f"n{g}"} for g in range(6)])
-        eng.step()
+        _load_t_and_d(eng, spark, rows=400, groups=6)
         for name, sql in queries.items():
             mode = "full" if name in full else "incremental"
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking', "

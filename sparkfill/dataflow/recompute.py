@@ -177,6 +177,9 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
                        lambda i, _rel: leaf_part(mv, states, i, leaf_rows[i]), leaf_counts)
     deltas: list[DataFrame | None] = []
     before: list[Target] | None = None
+    if whole:
+        rewrite = None  # a repair compares every relation, and writes what it must
+
     # a join side's state not kept stays so: its rows are still its leaf's (join.py)
     unkept = set() if mv.plan is None or mv.plan.join is None else {
         state.id for state, kept in zip(states, join.kept_sides(store, mv.plan, states, epoch),
@@ -197,13 +200,13 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
             deltas.append(None)
             continue
         if target.leaf is None or whole:
-            if not whole and rewrite is not None and rewrite(target.rel, _placed(target)):
+            if rewrite is not None and rewrite(target.rel, _placed(target)):
                 deltas.append(None)  # written whole: nothing reads its changelog
                 continue
             deltas.append(difference(store, target, epoch))
             continue
         change = changes[target.leaf]
-        if (change is not None and not whole and rewrite is not None
+        if (change is not None and rewrite is not None
                 and rows_hint >= REWRITE_MAPPED_FRACTION * target.rel.row_count
                 and rewrite(target.rel, _placed(target))):
             deltas.append(None)  # a change about its size: its rows written whole

@@ -258,9 +258,7 @@ class EpochAppends:
             old = self.store.snapshot(rel.stored, self.epoch - 1, bulk=True)
             rows = (old.join(delta.selectExpr(*names_sql(key)), key, "left_anti")
                     .selectExpr(*cols).unionByName(after_images(delta).selectExpr(*cols)))
-        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
-        self.versions[rel.id] = version
-        self.counts[rel.id] = counts
+        self.rewrite_rows(rel, rows)
         self.deltas[rel.id] = delta  # for the MVs that read it this epoch
         return delta
 
@@ -285,9 +283,9 @@ class EpochAppends:
         return True
 
     def rewrite_rows(self, rel: Relation, rows: DataFrame) -> None:
-        """Write ``rows`` (columns + ``_vnode``), a recompute's of a relation whose
-        changelog nothing reads, as its new base in place of every file: no
-        comparison with its rows at ``e-1``, and no changelog kept for the epoch
+        """Write ``rows`` (columns + ``_vnode``), ``rel``'s rows at this epoch, as its
+        new base in place of every file (``rewrite``, ``rewrite_unread``, ``replace``):
+        no comparison with its rows at ``e-1``, and no changelog kept for the epoch
         (its snapshots at every epoch are all that is kept, and they are; a sink
         behind it rewrites its table from the new base). Its counts: ``+`` the rows
         written, ``-`` the rows they replace."""
@@ -305,9 +303,7 @@ class EpochAppends:
         its table from the new base."""
         delta = delta.persist()
         self.cached.append(delta)
-        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
-        self.versions[rel.id] = version
-        self.counts[rel.id] = counts
+        self.rewrite_rows(rel, rows)
         self.deltas[rel.id] = delta
 
     def rows(self, rel_id: int) -> int:
@@ -672,12 +668,11 @@ class EpochCoordinator:
         switching = {int(m): int(r) for m, r in (plan.get("switch") or {}).items()
                      if self.catalog.find_by_id(int(m)) is not None
                      and self.catalog.find_by_id(int(r)) is not None}
-        read_now |= {self.catalog.get_by_id(r).name.lower() for r in switching.values()}
-        appends.read_now = frozenset(read_now)
+        replacements = {self.catalog.get_by_id(r).name.lower() for r in switching.values()}
+        appends.read_now = frozenset(read_now | replacements)
         appends.log_read = frozenset(
             {u.lower() for r in self.catalog.all() if r.kind == "mv" and r.state != "created"
-             for u in r.upstreams}
-            | {self.catalog.get_by_id(r).name.lower() for r in switching.values()})
+             for u in r.upstreams} | replacements)
         switches: list[Switch] = []
         #: SWAP WITH: each MV as it is once it took the other's definition, from the
         #: catalog before either changes
@@ -750,7 +745,7 @@ class EpochCoordinator:
                     hint = min(hint, out.rows_hint)
                 if out is not None and out.delta is not None:
                     if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
-                            and hint <= LOCAL_WRITE_ROWS and rel.name.lower() not in read_now
+                            and hint <= LOCAL_WRITE_ROWS and appends.unread(rel)
                             and not appends.no_defer):
                         appends.defer(rel, out.delta)
                     elif (not scans and out.tag is None

@@ -1028,8 +1028,7 @@ class RelationStore:
         prefix = f"log/e{epoch:010d}-"
         files = self.files(rel, version)
         written = [f for f in files if f.path.startswith(prefix)]
-        if not written and all(f.kind == "base" and f.compaction_epoch == epoch
-                               for f in files):
+        if not written and _rewritten_by(files, epoch):
             # the epoch's first attempt rewrote the relation (a choice a retry may not
             # make again; an append of ``epoch`` leaves log files of it, a fold runs
             # after the commit): its rows at ``epoch`` are there, its changelog is not
@@ -1099,7 +1098,7 @@ class RelationStore:
             # written before a crash: the same rows (not when the epoch's first attempt
             # appended a Δ instead, and failed later: a repair of damaged files that
             # follows it replaces every file)
-            if all(f.kind == "base" and f.compaction_epoch == epoch for f in files):
+            if _rewritten_by(files, epoch):
                 return version, {"+": sum(f.rows for f in files), "-": old_rows}
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
         df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
@@ -1390,6 +1389,12 @@ def inserts_observed(files: Sequence[WrittenFile]) -> dict[str, Any]:
         vnodes.update(range(VNODE_COUNT) if lo is None or hi is None
                       else range(int(lo), int(hi) + 1))
     return {"op0": sum(f.rows for f in files), "vnodes": sorted(vnodes)}
+
+
+def _rewritten_by(files: Sequence[DataFile], epoch: int) -> bool:
+    """Whether ``files`` (a relation's, at ``epoch`` or during it) are all a base that
+    ``epoch`` wrote: a rewrite in place of its append (``rewrite``)."""
+    return all(f.kind == "base" and f.compaction_epoch == epoch for f in files)
 
 
 def _no_changelog() -> DataFrame:
