@@ -177,6 +177,8 @@ def main() -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile the timed epochs (cProfile) and print the N "
                         "functions of most own time and of most cumulative time")
+    parser.add_argument("--profile-dump", type=Path, default=None,
+                        help="also write the timed epochs' profile to this file (pstats)")
     parser.add_argument("--rules", action="store_true",
                         help="also print Catalyst's time per rule over the timed epochs "
                         "(analysis and optimization of every plan the driver builds)")
@@ -192,7 +194,7 @@ def main() -> int:
                         help="make each epoch a bulk UPDATE t SET v = v + 1 (every row "
                         "changes) in place of C random-key changes")
     args = parser.parse_args()
-    profile = cProfile.Profile() if args.profile else None
+    profile = cProfile.Profile() if args.profile or args.profile_dump else None
     spark, api = session_with_status_api()
     work = Path(tempfile.mkdtemp(prefix="anatomy-"))
     eng = Engine(work / "warehouse", spark=spark)
@@ -256,7 +258,9 @@ def main() -> int:
         if args.rules:
             print("\nCatalyst over the timed epochs (and the counted ones after them):")
             print(rule_executor(spark).dumpTimeSpent())
-        if profile is not None:
+        if profile is not None and args.profile_dump is not None:
+            profile.dump_stats(str(args.profile_dump))
+        if profile is not None and args.profile:
             for order in ("tottime", "cumulative"):
                 print(f"\nprofile of the timed epochs by {order}:")
                 pstats.Stats(profile).sort_stats(order).print_stats(args.profile)

@@ -133,3 +133,62 @@ def test_a_tied_extreme_stays_without_reading_the_leaf(engine, spark):
     step_checked()
     assert group_1() == []
     assert engine.verify("a").count() == 0
+
+
+ONE_ARG_SQL = ("SELECT g, count(*) AS c, count(v) AS cv, count_if(v > 20) AS cf, "
+               "sum(v) AS sv, sum(d) AS sd, count(s) AS cs, max(v) AS mx, min(v) AS mn "
+               "FROM {t} GROUP BY g")
+
+
+def _one_arg_row(rng: random.Random, id_: int) -> dict:
+    return {"id": id_, "g": rng.choice([0, 1, 2, 3, None]),
+            "v": rng.choice([*range(VALUES), None]),
+            "d": rng.choice([None, "1.25", "-3.50", "0.01"]),
+            "s": rng.choice(["a", "b", "zz", None])}
+
+
+def test_values_by_extreme_equal_the_two_read_aggregation(engine, spark):
+    """Aggregated per (group, max's argument) and then per group, every value of
+    an aggregate whose min/max share one argument equals the aggregation with a
+    separate count of the rows at each extreme (NULL groups and values, decimal
+    sums); and an MV recomputed every epoch by it
+    (``refresh = 'full'``) equals Spark's batch query under random DML."""
+    from decimal import Decimal
+
+    from sparkfill.dataflow import aggregate
+
+    rng = random.Random(11)
+    engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, d DECIMAL(12,2), s STRING, "
+               "PRIMARY KEY (id))")
+
+    def rows(n: int, start: int) -> list[dict]:
+        out = [_one_arg_row(rng, start + i) for i in range(n)]
+        for r in out:
+            r["d"] = None if r["d"] is None else Decimal(r["d"])
+        return out
+
+    engine.insert("t", rows(600, 0))
+    engine.step()
+    engine.sql("CREATE MATERIALIZED VIEW a WITH (backfill = 'blocking', refresh = 'full') "
+               "AS " + ONE_ARG_SQL.format(t="t"))
+    engine.step()
+    plan = engine.relation("a").plan
+    spec = plan.agg
+    assert spec.extremes == "leaf", spec
+    rows_df = engine.read("t").alias("t").selectExpr(
+        *[f"{sql} AS {name}" for name, sql in plan.rows])
+    by_extreme = aggregate.values_by_extreme(spec, rows_df)
+    assert by_extreme is not None, f"values_by_extreme declined {spec}"
+    assert_same_rows(by_extreme, aggregate.with_ties(
+        spec, rows_df, aggregate.grouped_values(spec, rows_df), few=False),
+        label="values by extreme")
+    for epoch in range(4):
+        engine.insert("t", rows(40, 600 + 40 * epoch))
+        engine.delete("t", [{"id": rng.randrange(600)} for _ in range(30)])
+        if epoch == 2:
+            engine.sql(f"DELETE FROM t WHERE v >= {VALUES - 3}")  # the top values leave
+        report = engine.step()
+        assert report.refresh["a"].mode == "full"
+        assert_same_rows(engine.read("a", as_of=report.epoch),
+                         spark.sql(ONE_ARG_SQL, t=engine.read("t", as_of=report.epoch)),
+                         label=f"MV a at epoch {report.epoch}")

@@ -26,6 +26,7 @@ import sqlglot
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from sqlglot import exp
 
 from ..sql.planner import (
@@ -57,6 +58,7 @@ from .statement import sql_over
 
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
+           "values_by_extreme",
            "grouped_values", "keeps_input", "leaf_group_values_in", "leaf_extremes",
            "with_ties", "FEW_GROUPS", "outputs", "evaluate", "state_may_wait", "LostInput"]
 
@@ -418,7 +420,66 @@ def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
     """Per group of ``rows``: the group columns, each aggregate's value and, for a
     running aggregate, the group's rows, each sum's and avg's non-null count, each
     avg's sum and each min's or max's rows at it (``leaf_extremes``)."""
+    by_extreme = values_by_extreme(spec, rows)
+    if by_extreme is not None:
+        return by_extreme
     return with_ties(spec, rows, grouped_values(spec, rows), few=False)
+
+
+def values_by_extreme(spec: AggSpec, rows: DataFrame) -> DataFrame | None:
+    """``group_values`` in one read of ``rows``: aggregated per (group, the extremes'
+    argument), then per group, where the extreme is the greatest (least) second key
+    and its rows at it are that key's count. None (two reads: ``with_ties``) unless
+    each aggregate runs and can be summed up in two steps — a count, count_if, sum of
+    integers or decimals, min or max; no avg — and the min/max found again in the
+    leaf share one argument column, not a floating-point one (grouping normalizes
+    -0.0 and NaN, where ``max`` keeps the value as it was)."""
+    running = spec.running
+    ties = [t for t in leaf_extremes(spec) if t[2] not in spec.group]
+    if running is None or not ties or len({arg for _, _, arg in ties}) != 1 \
+            or any(kind == "avg" for _, kind, _ in running) \
+            or {name for name, _ in spec.aggs} != {name for name, _, _ in running}:
+        return None
+    by = ties[0][2]
+    types = {f.name: f.dataType for f in rows.schema.fields}
+    if isinstance(types[by], T.FloatType | T.DoubleType):
+        return None
+    first = [F.count(F.lit(1)).alias("_sf_c")]
+    second = [F.sum("_sf_c").alias(GROUP_ROWS)]
+    for i, (name, kind, arg) in enumerate(running):
+        part = f"_sf_p{i}"
+        x = F.col(arg) if arg else F.lit(1)
+        if kind in ("min", "max") and arg == by:
+            # the second key's greatest (least) value, and its rows (NULLs are neither)
+            top, pick = (F.max, F.max_by) if kind == "max" else (F.min, F.min_by)
+            second += [top(by).alias(name),
+                       F.coalesce(pick("_sf_c", by), F.lit(0)).alias(running_ties_column(name))]
+            continue
+        if kind in ("min", "max"):
+            top = F.max if kind == "max" else F.min
+            first.append(top(x).alias(part))
+            second.append(top(part).alias(name))
+            if (name, kind, arg) in leaf_extremes(spec):  # a group column's extreme
+                first.append(F.count(x).alias(f"{part}x"))
+                second.append(F.sum(f"{part}x").alias(running_ties_column(name)))
+        elif kind in ("count", "count_if"):
+            first.append((F.count(x) if kind == "count" else F.count_if(x)).alias(part))
+            second.append(F.sum(part).alias(name))
+        else:  # an exact sum, typed as one aggregation types it
+            arg_type = types[arg]
+            summed = (T.DecimalType(min(38, arg_type.precision + 10), arg_type.scale)
+                      if isinstance(arg_type, T.DecimalType) else T.LongType())
+            first += [F.sum(x).alias(part), F.count(x).alias(f"{part}n")]
+            second += [F.sum(part).cast(summed).alias(name),
+                       F.sum(f"{part}n").alias(running_count_column(name))]
+    # in ``with_ties``' order of columns
+    order = [*spec.group, *[name for name, _ in spec.aggs], GROUP_ROWS,
+             *[running_count_column(name) for name, kind, _ in running if kind == "sum"],
+             *[running_ties_column(name) for name, _, arg in leaf_extremes(spec)
+               if arg in spec.group],
+             *[running_ties_column(name) for name, _, _ in ties]]
+    return (rows.groupBy(*spec.group, by).agg(*first)
+            .groupBy(*spec.group).agg(*second).select(*order))
 
 
 def grouped_values(spec: AggSpec, rows: DataFrame) -> DataFrame:
