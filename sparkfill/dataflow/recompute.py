@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ..sql.planner import JOIN_KEY, WINDOW_PART
 from ..storage.catalog import Relation
@@ -37,6 +38,7 @@ from ..storage.schema import OP, names_sql
 from . import aggregate, join, project, union, window
 from .change import Change, Emit
 from .changelog import consolidate, union_all
+from .keys import SCAN_ROWS
 from .mv import stage_input_rows
 
 __all__ = ["Target", "leaf_part", "contents", "recompute", "mapped_change", "difference",
@@ -61,6 +63,11 @@ class Target:
     #: the stage's state over one leaf, the rows of a filter/project); None: rows
     #: of several leaves' rows together (a join's, a group's, a window's)
     leaf: int | None = None
+    #: the rows keep the partitions of one leaf's rows as read, and each row the
+    #: vnode of the leaf row it comes from (``project.keeps_leaf_vnodes``: a
+    #: filter/project's, or an inner join's whose other sides are small and
+    #: broadcast): a rewrite writes them as read, with no exchange
+    as_read: bool = False
 
 
 def leaf_part(mv: Relation, states: Sequence[Relation], leaf: int, rows: DataFrame) -> DataFrame:
@@ -95,12 +102,19 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
     mv_hint: int | None = None
     mv_leaf: int | None = None
     input_rows = max(leaf_rows, default=0)
+    mv_as_read = False
     if plan.join is not None:
         sides = []
         for side, state in enumerate(states[:2]):
             rows = parts(side, state)
             targets.append(Target(state, rows, (JOIN_KEY,), leaf_rows[side], leaf=side))
             sides.append(rows.select(*[c.name for c in leaves[side].columns]))
+        large = [i for i, n in enumerate(leaf_rows) if n > SCAN_ROWS]
+        if not staged and len(large) == 1 and project.keeps_leaf_vnodes(mv, leaves, large[0]):
+            # the small side broadcast: the large side's rows keep their partitions
+            small = 1 - large[0]
+            sides[small] = F.broadcast(sides[small])
+            mv_as_read = True
         joined = project.project(plan, sides)
         if staged:
             stage_rows = stage_input_rows(plan, states[-1], joined)
@@ -112,6 +126,7 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
         mv_rows = union_all([parts(leaf, mv) for leaf in range(len(leaf_rows))])
         mv_hint = sum(leaf_rows)
         mv_leaf = 0 if len(leaf_rows) == 1 else None
+        mv_as_read = mv_leaf is not None and project.keeps_leaf_vnodes(mv, leaves, 0)
     dist: tuple[str, ...] = ()
     if stage_rows is not None:
         state = states[-1]
@@ -125,7 +140,8 @@ def contents(mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation
                                   leaf=None if plan.join is not None else 0))
     assert mv_rows is not None
     targets.append(Target(mv, mv_rows, dist, mv_hint,
-                          stage_rows if plan.agg is not None else None, mv_leaf))
+                          stage_rows if plan.agg is not None else None, mv_leaf,
+                          mv_as_read and not staged))
     return targets
 
 
@@ -139,9 +155,10 @@ REWRITE_MAPPED_FRACTION = 0.5
 #: read it in ``e`` (``EpochAppends.replace``)
 Replace = Callable[[Relation, DataFrame, DataFrame], None]
 #: a recompute's write of a relation whose changelog nothing reads: its rows at ``e``
-#: (columns + ``_vnode``) as its new base, no comparison made and no Δ kept; False
-#: when it is read (or small): its difference is appended (``EpochAppends.rewrite_unread``)
-Rewrite = Callable[[Relation, DataFrame], bool]
+#: (columns + ``_vnode``) as its new base, no comparison made and no Δ kept, written
+#: as read when the flag says so (``Target.as_read``); False when it is read (or
+#: small): its difference is appended (``EpochAppends.rewrite_unread``)
+Rewrite = Callable[[Relation, DataFrame, bool], bool]
 
 
 def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
@@ -200,7 +217,7 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
             deltas.append(None)
             continue
         if target.leaf is None or whole:
-            if rewrite is not None and rewrite(target.rel, _placed(target)):
+            if rewrite is not None and rewrite(target.rel, _placed(target), target.as_read):
                 deltas.append(None)  # written whole: nothing reads its changelog
                 continue
             deltas.append(difference(store, target, epoch))
@@ -208,7 +225,7 @@ def recompute(store: RelationStore, mv: Relation, leaves: Sequence[Relation],
         change = changes[target.leaf]
         if (change is not None and rewrite is not None
                 and rows_hint >= REWRITE_MAPPED_FRACTION * target.rel.row_count
-                and rewrite(target.rel, _placed(target))):
+                and rewrite(target.rel, _placed(target), target.as_read)):
             deltas.append(None)  # a change about its size: its rows written whole
             continue
         deltas.append(None if change is None else mapped_change(mv, states, target, change))

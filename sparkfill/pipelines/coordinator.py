@@ -273,23 +273,25 @@ class EpochAppends:
         it rewrites its table when its log no longer holds what it missed)."""
         return rel.kind == "state" or rel.name.lower() not in self.log_read
 
-    def rewrite_unread(self, rel: Relation, rows: DataFrame) -> bool:
+    def rewrite_unread(self, rel: Relation, rows: DataFrame, as_read: bool = False) -> bool:
         """``rewrite_rows`` for a recompute's rows of a relation that holds more than
         ``LOCAL_WRITE_ROWS`` rows and whose changelog nothing reads; False (nothing
         written) for any other."""
         if rel.row_count <= LOCAL_WRITE_ROWS or not self.unread(rel):
             return False
-        self.rewrite_rows(rel, rows)
+        self.rewrite_rows(rel, rows, as_read)
         return True
 
-    def rewrite_rows(self, rel: Relation, rows: DataFrame) -> None:
+    def rewrite_rows(self, rel: Relation, rows: DataFrame, as_read: bool = False) -> None:
         """Write ``rows`` (columns + ``_vnode``), ``rel``'s rows at this epoch, as its
         new base in place of every file (``rewrite``, ``rewrite_unread``, ``replace``):
         no comparison with its rows at ``e-1``, and no changelog kept for the epoch
         (its snapshots at every epoch are all that is kept, and they are; a sink
         behind it rewrites its table from the new base). Its counts: ``+`` the rows
-        written, ``-`` the rows they replace."""
-        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count)
+        written, ``-`` the rows they replace. ``as_read``: each partition of ``rows``
+        holds the rows of a few contiguous vnodes (``RelationStore.rewrite``)."""
+        version, counts = self.store.rewrite(rel.stored, self.epoch, rows, rel.row_count,
+                                             as_read)
         self.versions[rel.id] = version
         self.counts[rel.id] = counts
 

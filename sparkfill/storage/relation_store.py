@@ -1084,13 +1084,15 @@ class RelationStore:
         return self._committed_version(rel)
 
     def rewrite(self, rel: StoredRelation, epoch: int, rows_df: DataFrame,
-                old_rows: int) -> tuple[int, dict[str, int]]:
+                old_rows: int, as_read: bool = False) -> tuple[int, dict[str, int]]:
         """The relation's live rows at ``epoch`` (columns + ``_vnode``; about
         ``old_rows`` of them, its rows at ``epoch - 1``) written as its base at
         ``epoch``, replacing every file in one Delta commit (idempotent per epoch,
         as ``append``; the files it replaces wait for vacuum, so earlier epochs stay
         readable). Returns the version and rows per ``_op`` as the epoch's counts:
-        ``+`` the rows written, ``-`` the ``old_rows`` they replace."""
+        ``+`` the rows written, ``-`` the ``old_rows`` they replace. ``as_read``: each
+        partition of ``rows_df`` holds a few contiguous vnodes (the rows keep those of
+        the files they were read from): a file each, no exchange (``_write_files``)."""
         dt = self._table(rel)
         if (txn := dt.transaction_version(APP_ID)) is not None and txn >= epoch:
             version = int(dt.version())
@@ -1103,7 +1105,8 @@ class RelationStore:
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
         df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
         observation = Observation(f"sf_rewrite_{uuid.uuid4().hex}")
-        actions = self._write_files(rel, df, subdir, max(1, old_rows), observation=observation)
+        actions = self._write_files(rel, df, subdir, max(1, old_rows), observation=observation,
+                                    as_read=as_read)
         replaced = self.files_at(rel, epoch - 1)
         now_ms = int(time.time() * 1000)
         dt.create_write_transaction(
