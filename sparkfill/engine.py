@@ -972,8 +972,9 @@ class Engine:
         self.stager.stage(rel, rows, UPSERT)
         return None
 
-    def _matching(self, rel: Relation, where_sql: str | None) -> DataFrame:
-        snap = self._snapshot(rel, self.meta.committed_epoch)
+    def _matching(self, rel: Relation, where_sql: str | None,
+                  epoch: int | None = None) -> DataFrame:
+        snap = self._snapshot(rel, self.meta.committed_epoch if epoch is None else epoch)
         return snap if where_sql is None else snap.where(F.expr(where_sql))
 
     def _update(self, cmd: Update) -> None:
@@ -989,7 +990,8 @@ class Engine:
                     "time (AS PROCTIME()), which the engine fills with the epoch's time when "
                     "it writes the row; it cannot be SET (the updated rows get the new time)")
             assign[by_lower[col.lower()]] = expr_sql
-        matched = self._matching(rel, cmd.where_sql)
+        epoch = self.meta.committed_epoch
+        matched = self._matching(rel, cmd.where_sql, epoch)
         # the processing time is left out: the epoch writing the new rows fills it
         columns = rel.writable_columns
         new_rows = matched.select(*[F.expr(assign[c.name]).alias(c.name) if c.name in assign
@@ -1003,7 +1005,11 @@ class Engine:
             old_keys = old_keys.select(*[c.name for c in columns])
             deletes = old_keys.withColumn(KIND, F.lit(DELETE)).withColumn(IDX, F.lit(0))
             batch = deletes.unionByName(batch, allowMissingColumns=True)
-        self.stager.stage(rel, batch, UPSERT)
+            self.stager.stage(rel, batch, UPSERT)
+            return None
+        # each key once, from the rows at ``epoch`` (all of them with no WHERE): its
+        # epoch takes these rows as the keys' latest, and with no WHERE keeps no old row
+        self.stager.stage(rel, batch, UPSERT, updated_from=(epoch, cmd.where_sql is None))
         return None
 
     def _delete_where(self, cmd: Delete) -> None:

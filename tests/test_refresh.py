@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from helpers import assert_same_rows
+from helpers import assert_rows_equal, assert_same_rows
 from test_incremental_sql import GRAMMAR_SHAPES, _shape, check, dim_dml, start_workload
 
 from sparkfill import Engine, InvalidOption, RefreshChoice
@@ -562,6 +562,79 @@ def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise
         dml()
         eng.insert("d", [{"g": 3, "name": "after"}])
         check_all(eng.step().epoch)
+        for name in queries:
+            assert eng.verify(name).count() == 0, name
+    finally:
+        eng.close()
+
+
+def test_an_update_of_every_row_is_the_tables_new_rows_with_any_dml_beside_it(
+        spark, tmp_path, monkeypatch):
+    """An UPDATE that sets no key column stages each key once; with no WHERE it
+    stages every row of the committed epoch, so its epoch writes those rows as the
+    table's new base with no old row kept and no pairing of keys. The table equals a
+    model of the DML applied in order, and each MV its batch query, at every epoch:
+    such an UPDATE alone, beside INSERTs before it and DELETEs after it, one with a
+    WHERE (the other rows stay), and two UPDATEs in one epoch (the later one wins)."""
+    from scale import at_scale
+
+    from sparkfill.storage.dml import updated_at
+
+    at_scale(monkeypatch)
+    eng = Engine(tmp_path / "wh", spark=spark)
+    queries = {
+        "agg": "SELECT g, count(*) AS c, sum(v) AS sv, max(v) AS mx FROM t GROUP BY g",
+        "proj": "SELECT id, v * 2 AS w FROM t WHERE v % 3 <> 0",
+        "inner": "SELECT t.id, t.v, d.name FROM t JOIN d ON t.g = d.g",
+    }
+    model = {i: (i % 7, i * 13 % 89) for i in range(300)}
+
+    def check_epoch(epoch: int) -> None:
+        assert_rows_equal(eng.read("t", as_of=epoch).select("id", "g", "v"),
+                          [(i, g, v) for i, (g, v) in model.items()],
+                          label=f"t at epoch {epoch}")
+        _check_over_t_and_d(eng, spark, queries, epoch)
+
+    def staged_shapes() -> list:
+        return [updated_at(b.path) for b in eng.meta.staged()]
+
+    try:
+        _load_t_and_d(eng, spark, rows=300, groups=7)
+        for name, sql in queries.items():
+            eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking') AS {sql}")
+        check_epoch(eng.step().epoch)
+
+        committed = eng.committed_epoch
+        eng.sql("UPDATE t SET v = v + 1")
+        assert staged_shapes() == [(committed, True)]
+        model = {i: (g, v + 1) for i, (g, v) in model.items()}
+        report = eng.step()
+        check_epoch(report.epoch)
+        assert _is_base_of(eng, eng.relation("t").stored, report.epoch)
+
+        # an INSERT of a new key and of an existing one before it, a DELETE after: the
+        # UPDATE's rows are the committed ones (it does not see the inserts)
+        committed = eng.committed_epoch
+        eng.insert("t", [{"id": 1000, "g": 2, "v": 1}, {"id": 5, "g": 5, "v": 777}])
+        eng.sql("UPDATE t SET v = v * 2")
+        eng.delete("t", [{"id": 7}])
+        assert staged_shapes()[-2:] == [(committed, True), None]
+        model = {i: (g, v * 2) for i, (g, v) in model.items() if i != 7}
+        model[1000] = (2, 1)
+        check_epoch(eng.step().epoch)
+
+        # most rows, each key once (the table is still written whole); the rest stays
+        eng.sql("UPDATE t SET v = v - 1 WHERE g <> 3")
+        assert staged_shapes() == [(eng.committed_epoch, False)]
+        model = {i: (g, v if g == 3 else v - 1) for i, (g, v) in model.items()}
+        report = eng.step()
+        check_epoch(report.epoch)
+        assert _is_base_of(eng, eng.relation("t").stored, report.epoch)
+
+        eng.sql("UPDATE t SET v = v + 5")
+        eng.sql("UPDATE t SET v = v + 7 WHERE g = 1")  # from the committed rows too
+        model = {i: (g, v + (7 if g == 1 else 5)) for i, (g, v) in model.items()}
+        check_epoch(eng.step().epoch)
         for name in queries:
             assert eng.verify(name).count() == 0, name
     finally:

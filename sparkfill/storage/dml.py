@@ -18,6 +18,12 @@ Invariants:
   batch when epoch ``e`` applies it and the table is still empty, the epoch links
   its files into the table as they are (no second pass over the rows); otherwise it
   is read as staged upserts like any other batch.
+- An UPDATE that sets no key column stages each key it matches once, from the
+  table's rows at the committed epoch ``c``, under a name ending ``.e<c>.update``
+  (``.e<c>.whole`` with no WHERE: every key the table held at ``c``). An epoch that
+  applies such a batch alone takes its rows as the keys' latest (no window over the
+  key); one whose rows at ``e-1`` are those of ``c`` and holds a ``whole`` batch
+  keeps no old row when it writes the table's rows at ``e`` whole (each was touched).
 """
 
 from __future__ import annotations
@@ -84,10 +90,23 @@ PLACED = re.compile(r"\.e(\d{10})\.placed$")
 PLACED_FILES = 26
 
 
+#: a batch of an UPDATE that sets no key column, staged from the table's rows at a
+#: committed epoch: each key at most once (``<seq>-<id>.e<epoch>.update``) and, with
+#: no WHERE, every key the table held at that epoch (``<seq>-<id>.e<epoch>.whole``)
+UPDATED = re.compile(r"\.e(\d{10})\.(update|whole)$")
+
+
 def placed_epoch(path: str) -> int | None:
     """The epoch a placed batch's files are written for; None for another batch."""
     m = PLACED.search(path)
     return None if m is None else int(m.group(1))
+
+
+def updated_at(path: str) -> tuple[int, bool] | None:
+    """For a batch of an UPDATE that sets no key column: the epoch whose rows it was
+    staged from, and whether it updates every row the table held then; else None."""
+    m = UPDATED.search(path)
+    return None if m is None else (int(m.group(1)), m.group(2) == "whole")
 
 
 def _stage_struct(rel: Relation) -> T.StructType:
@@ -255,8 +274,11 @@ class DmlStager:
 
     # --- staging --------------------------------------------------------------------------
 
-    def stage(self, rel: Relation, rows: Any, kind: str) -> int:
-        """Validate and durably stage rows; returns the number of rows staged."""
+    def stage(self, rel: Relation, rows: Any, kind: str,
+              updated_from: tuple[int, bool] | None = None) -> int:
+        """Validate and durably stage rows; returns the number of rows staged.
+        ``updated_from``: ``rows`` is an UPDATE's that sets no key column, from the
+        table's rows at that epoch, of every row then or not (``updated_at``)."""
         if isinstance(rows, list | tuple) and not rows:
             return 0
         seq = self.meta.next_dml_seq()
@@ -272,6 +294,9 @@ class DmlStager:
                 written, given = self._write_placed(rel, batch, path, load_epoch)
             else:
                 path = f"{self.dir}/{name}"
+                if updated_from is not None:
+                    shape = "whole" if updated_from[1] else "update"
+                    path += f".e{updated_from[0]:010d}.{shape}"
                 written = write_parquet(
                     batch.selectExpr(*names_sql(_stage_struct(rel).fieldNames())), wh, path,
                     [])
@@ -455,9 +480,15 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     if placed is not None:
         staged = placed[0]
         by_key = [F.expr(placed[1]), *by_key]
-    order = Window.partitionBy(*by_key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
-    latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
-              .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+    updated = [updated_at(b.path) for b in batches]
+    if len(batches) == 1 and updated[0] is not None:
+        latest = staged  # an UPDATE's rows alone: each key once
+    else:
+        order = Window.partitionBy(*by_key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
+        latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
+                  .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+    # an UPDATE of every row at ``prev_epoch`` touched every key: none is left as it was
+    every_key = (prev_epoch, True) in updated
     new = latest.where(F.col(KIND) == UPSERT).selectExpr(*names_sql(cols))
     if rel.proctime is not None:
         if proctime_us is None:
@@ -473,12 +504,14 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
                      prev_epoch, before) if before else None)
 
     def rows_at() -> DataFrame:
-        """The rows at the epoch: the untouched rows at ``prev_epoch`` and each
-        touched key's latest upsert."""
+        """The rows at the epoch: the untouched rows at ``prev_epoch`` (none after an
+        UPDATE of every row) and each touched key's latest upsert."""
+        upserted = new.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key])))
+        if every_key:
+            return upserted
         kept = store.snapshot(rel.stored, prev_epoch, files=before, bulk=True).join(
             staged.selectExpr(*names_sql(key)), key, "left_anti")
-        return kept.selectExpr(*names_sql([*cols, VNODE])).unionByName(
-            new.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key]))))
+        return kept.selectExpr(*names_sql([*cols, VNODE])).unionByName(upserted)
     return TableDelta(consolidate(old, new, cols, key), placed is not None,
                       rows_at=rows_at if before else None)
 
