@@ -193,6 +193,9 @@ def main() -> int:
     parser.add_argument("--update", action="store_true",
                         help="make each epoch a bulk UPDATE t SET v = v + 1 (every row "
                         "changes) in place of C random-key changes")
+    parser.add_argument("--inserts", action="store_true",
+                        help="make each epoch C inserts of new ids (the peer's epochs) in "
+                        "place of C random-key changes")
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile or args.profile_dump else None
     spark, api = session_with_status_api()
@@ -202,7 +205,7 @@ def main() -> int:
     phases = QueryPhases() if args.phases else None
     keys = sb.Keys(args.rows, random.Random(7))
     try:
-        sb.load(eng, spark, args.rows, args.mvs, with_d=True)
+        sb.load(eng, spark, args.rows, args.mvs, with_d="join" in args.mvs)
         for name in args.mvs if args.refresh else ():
             eng.sql(f"ALTER MATERIALIZED VIEW {name} SET refresh = '{args.refresh}'")
         walls, job_secs = [], []
@@ -210,6 +213,8 @@ def main() -> int:
         for i in range(2 + 2 * args.epochs):
             if args.update:
                 eng.sql("UPDATE t SET v = v + 1")
+            elif args.inserts:
+                eng.insert("t", [keys.row(k) for k in keys.new_ids(args.changes)])
             else:
                 upserts, deletes = keys.changes(args.changes)
                 eng.insert("t", upserts)

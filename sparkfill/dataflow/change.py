@@ -77,12 +77,18 @@ class HeldRows:
         return self.read(narrow)
 
 
-def change_of(delta: DataFrame | None, columns: Sequence[str]) -> Change | None:
-    """A relation's consolidated changelog as a ``Change`` over ``columns``."""
+def change_of(delta: DataFrame | None, columns: Sequence[str],
+              retracting: bool = True) -> Change | None:
+    """A relation's consolidated changelog as a ``Change`` over ``columns``.
+    ``retracting`` False: the changelog is known to hold no before-image (its rows
+    per ``_op``, as its append observed them, are insertions only), so no row leaves
+    (``before`` None) and every arriving row's key is new to the relation: an
+    operator's rule takes them as insertions, pairs no images and looks for no
+    retracted value (a lost min/max)."""
     if delta is None:
         return None
     picked = names_sql(columns)
-    return Change(before_images(delta).selectExpr(*picked),
+    return Change(before_images(delta).selectExpr(*picked) if retracting else None,
                   after_images(delta).selectExpr(*picked), signed=signed(delta, columns))
 
 

@@ -127,7 +127,7 @@ class MvDataflow:
             return result
         if plan.agg is None:
             if rows is not None:
-                if (signed_rows := rows.signed_rows()) is not None:
+                if rows.before is not None and (signed_rows := rows.signed_rows()) is not None:
                     # the change as signed rows (a leaf's changelog read once, or a join's
                     # terms), netted per row and paired per key in one exchange (none
                     # for a small change, read as one partition)
@@ -237,6 +237,10 @@ def _as_read(mv: Relation, leaves: Sequence[Relation], changes: Sequence[Change 
     leaf that changed or, in a first fill, the large one (the other side's chunk
     meets the large one's rows as read)."""
     if rows.before is not None and rows.fresh is None:
+        return False
+    if any(c is not None and c.signed is not None for c in changes):
+        # a leaf's changelog read back from its log: its partitions are the read's
+        # packing of the log's files, not a few contiguous vnodes each
         return False
     changed = [i for i, c in enumerate(changes) if c is not None]
     sides = changed if len(changed) == 1 or not initial else [

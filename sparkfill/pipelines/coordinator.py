@@ -930,11 +930,13 @@ class EpochCoordinator:
                 None, Done(leaf.row_count), epoch - 1, leaf.row_count, [])]
             return out, scans, hint + rel.plan.topn.limit
         if rel.state == "created":
-            changes = [change_of(deltas.get(leaf.id), [c.name for c in leaf.columns])
-                       for leaf in leaves]
+            ops = [appends.counts.get(leaf.id, {}) for leaf in leaves]
+            # a leaf's Δ of insertions only (as its append observed it) is taken as such
+            changes = [change_of(deltas.get(leaf.id), [c.name for c in leaf.columns],
+                                 retracting=retracts(c))
+                       for leaf, c in zip(leaves, ops, strict=True)]
             if all(c is None for c in changes) and not repair:
                 return None, [], 0
-            ops = [appends.counts.get(leaf.id, {}) for leaf in leaves]
             # the rows a recompute reads: each leaf's, before or after the change
             leaf_rows = sum(max(leaf.row_count, leaf.row_count + c.get("+", 0) - c.get("-", 0))
                             for leaf, c in zip(leaves, ops, strict=True))
