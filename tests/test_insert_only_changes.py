@@ -3,15 +3,17 @@ taken as such: no row leaves, so an operator pairs no images and looks for no lo
 min/max (``change_of(retracting=False)``). Checked against Spark's batch queries at
 every epoch, over MVs of every operator shape, with insert-only epochs between
 epochs that update, delete and upsert existing keys; and that exactly the
-insert-only epochs took their leaves' changes as insertions."""
+insert-only epochs took their leaves' changes as insertions, the table's computed on
+the driver (``dml._new_keys_on_driver``)."""
 
 from __future__ import annotations
 
 import random
 
-from helpers import assert_same_rows
+from helpers import assert_rows_equal, assert_same_rows
 
 from sparkfill.pipelines import coordinator
+from sparkfill.storage import dml
 
 #: each MV's query over its leaves ``{t}``, ``{d}``, ``{proj}`` (an MV over an MV)
 MVS = {
@@ -37,8 +39,20 @@ def test_insert_only_epochs_take_their_changes_as_insertions(engine, spark, monk
     rng = random.Random(11)
     engine.sql("CREATE TABLE t (id BIGINT, g INT, k INT, v BIGINT, PRIMARY KEY (id))")
     engine.sql("CREATE TABLE d (k INT, name STRING, PRIMARY KEY (k))")
-    engine.insert("t", [_row(rng, i) for i in range(400)])
-    engine.insert("d", [{"k": k, "name": f"n{k % 4}"} for k in range(10)])
+    model: dict[str, dict[object, dict]] = {"t": {}, "d": {}}  # each table's rows by key
+    keys = {"t": "id", "d": "k"}
+
+    def upsert(table: str, rows: list[dict]) -> None:
+        engine.insert(table, rows)
+        model[table].update({r[keys[table]]: r for r in rows})
+
+    def delete(table: str, gone: list[object]) -> None:
+        engine.delete(table, [{keys[table]: k} for k in gone])
+        for k in gone:
+            model[table].pop(k, None)
+
+    upsert("t", [_row(rng, i) for i in range(400)])
+    upsert("d", [{"k": k, "name": f"n{k % 4}"} for k in range(10)])
     engine.step()
     for name, sql in MVS.items():  # (proj before the MV over it)
         engine.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking') AS "
@@ -56,32 +70,45 @@ def test_insert_only_epochs_take_their_changes_as_insertions(engine, spark, monk
         return change
 
     monkeypatch.setattr(coordinator, "change_of", spy)
-    ids = list(range(400))
+    on_driver: list[str] = []  # the tables whose change the driver computed
+    new_keys = dml._new_keys_on_driver
+
+    def spy_driver(store, rel, batches, before):
+        rows = new_keys(store, rel, batches, before)
+        if rows is not None:
+            on_driver.append(rel.name)
+        return rows
+
+    monkeypatch.setattr(dml, "_new_keys_on_driver", spy_driver)
     next_id, next_k = 400, 12
     for i in range(10):
         taken.clear()
+        on_driver.clear()
         insert_only = i % 2 == 0
         if insert_only:
-            rows = [_row(rng, next_id + n) for n in range(30)]
-            next_id += 30
-            ids += [r["id"] for r in rows]
-            engine.insert("t", rows)
+            upsert("t", [_row(rng, next_id + n) for n in range(30)])
+            # in the same epoch: a new key upserted again (its last row counts), one
+            # inserted and deleted (no change), one never held deleted (no change)
+            upsert("t", [_row(rng, next_id), _row(rng, next_id + 30)])
+            delete("t", [next_id + 30, 10**9])
+            next_id += 31
             if i % 4 == 0:  # d gains keys the new rows of t may meet
-                engine.insert("d", [{"k": next_k, "name": "new"}])
+                upsert("d", [{"k": next_k, "name": "new"}])
                 next_k += 1
         else:
             # the largest values leave (most groups' max), others move, and an
             # existing key is upserted beside a new one
-            snapshot = {r["id"]: r["v"] for r in engine.read("t").collect()}
-            highest = sorted(snapshot, key=lambda k: -snapshot[k])[:6]
-            engine.delete("t", [{"id": k} for k in highest])
-            ids = [k for k in ids if k not in set(highest)]
-            moved = rng.sample(ids, 10)
-            engine.insert("t", [_row(rng, k) for k in moved] + [_row(rng, next_id)])
-            ids.append(next_id)
+            highest = sorted(model["t"], key=lambda k: -model["t"][k]["v"])[:6]
+            delete("t", highest)
+            moved = rng.sample(sorted(model["t"]), 10)
+            upsert("t", [_row(rng, k) for k in moved] + [_row(rng, next_id)])
             next_id += 1
-            engine.insert("d", [{"k": rng.randrange(next_k), "name": f"m{i}"}])
+            upsert("d", [{"k": rng.randrange(next_k), "name": f"m{i}"}])
         report = engine.step()
+        for table, cols in (("t", ("id", "g", "k", "v")), ("d", ("k", "name"))):
+            assert_rows_equal(engine.read(table, as_of=report.epoch).select(*cols),
+                              [tuple(r[c] for c in cols) for r in model[table].values()],
+                              label=f"table {table} at epoch {report.epoch}")
         for name, sql in MVS.items():
             leaves = {n: engine.read(n, as_of=report.epoch) for n in LEAVES
                       if "{" + n + "}" in sql}
@@ -90,7 +117,9 @@ def test_insert_only_epochs_take_their_changes_as_insertions(engine, spark, monk
         assert taken, f"epoch {report.epoch}: no created MV took a leaf's change"
         if insert_only:
             assert all(taken), f"epoch {report.epoch}: an insertion-only change was paired"
+            assert "t" in on_driver, f"epoch {report.epoch}: t's new keys went to Spark"
         else:
+            assert "t" not in on_driver, f"epoch {report.epoch}: t's old keys were missed"
             assert not all(taken), f"epoch {report.epoch}: a retracting change was taken " \
                 "as insertions"
     for name in MVS:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
@@ -78,6 +79,9 @@ class DataflowResult:
     #: where they cost less than ``delta`` applied to its rows at ``e-1`` (a table's:
     #: ``TableDelta.rows_at``): what a rewrite in place of the append writes
     rows_at: Callable[[], DataFrame] | None = None
+    #: the changelog as rows on the driver, ``delta`` then None (a table's change of new
+    #: keys: ``TableDelta.rows``): written from there
+    rows: pa.Table | None = None
 
 
 class MvDataflow:

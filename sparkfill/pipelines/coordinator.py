@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from ..backfill.arrangement import ArrangementScan, VnodeProgress
@@ -152,15 +153,16 @@ class EpochAppends:
     #: at all, in the epoch that writes it, from its Δ
     log_read: frozenset[str] = frozenset()
 
-    def append(self, rel: Relation, delta: DataFrame, rows_hint: int,
+    def append(self, rel: Relation, delta: DataFrame | None, rows_hint: int,
                tag: int | None = None, placed: bool = False,
                prepared: Sequence[str] = (), as_read: bool = False,
-               inserts: bool = False) -> Appended | None:
+               inserts: bool = False, rows: pa.Table | None = None) -> Appended | None:
         tag = self.epoch if tag is None else tag
         # a state table's touched keys drive its operator's lookups: on the driver
         written = self.store.append(rel.stored, tag, delta, rows_hint,
                                     collect_keys=rel.kind == "state", placed=placed,
-                                    prepared=prepared, as_read=as_read, inserts=inserts)
+                                    prepared=prepared, as_read=as_read, inserts=inserts,
+                                    rows=rows)
         if written is None:
             return None
         if written.rewritten:
@@ -745,7 +747,11 @@ class EpochCoordinator:
                         created.append(rel.id)
                 if out is not None and out.rows_hint is not None:
                     hint = min(hint, out.rows_hint)
-                if out is not None and out.delta is not None:
+                if out is not None and out.rows is not None:
+                    # a table's change computed on the driver: written from there
+                    with self.store.reading_for(rel.name):
+                        appends.append(rel, None, hint, rows=out.rows)
+                elif out is not None and out.delta is not None:
                     if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
                             and hint <= LOCAL_WRITE_ROWS and appends.unread(rel)
                             and not appends.no_defer):
@@ -908,7 +914,7 @@ class EpochCoordinator:
             table = table_delta(self.spark, self.store, rel, batches, epoch - 1,
                                 int(plan["proctime_us"]))
             return (DataflowResult(table.delta, placed=table.placed, prepared=table.prepared,
-                                   rows_at=table.rows_at),
+                                   rows_at=table.rows_at, rows=table.rows),
                     [], sum(b.rows for b in batches))
         assert rel.plan is not None and rel.options is not None
         leaves = self.catalog.leaves_of(rel)

@@ -64,6 +64,7 @@ from .schema import (
     physical_struct,
     quoted,
     spark_type,
+    vnode_each,
     vnode_expr,
     vnode_sql,
     vnodes_of,
@@ -442,13 +443,17 @@ class TableDelta(NamedTuple):
     append writes (``RelationStore.place_by_vnode_range``), and the placed batch
     directories whose files are that changelog, written (the append links them in)."""
 
-    delta: DataFrame
+    #: None: the changelog is ``rows`` (computed on the driver, no plan)
+    delta: DataFrame | None
     placed: bool = False
     prepared: tuple[str, ...] = ()
     #: the table's rows at the epoch (columns + ``_vnode``), built when asked for: a
     #: rewrite of the table in place of the append reads them, not ``delta`` (which
     #: then is computed only if an MV reads it)
     rows_at: Callable[[], DataFrame] | None = None
+    #: the changelog as rows on the driver (the table's columns, ``_vnode``, ``_op``),
+    #: where it was computed there (``_new_keys_on_driver``)
+    rows: pa.Table | None = None
 
 
 def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
@@ -473,6 +478,8 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
                              _batch_files(store.warehouse, b), b.rows).selectExpr(
             *names_sql([*cols, VNODE, OP]))
         return TableDelta(delta, prepared=(b.path,))
+    if before and (rows_here := _new_keys_on_driver(store, rel, batches, before)) is not None:
+        return TableDelta(None, rows=rows_here)
     staged, files, single = _read_staged(spark, store.warehouse, rel, batches)
     placed = None if before else store.place_by_vnode_range(
         staged.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key]))), rows)
@@ -514,6 +521,50 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
         return kept.selectExpr(*names_sql([*cols, VNODE])).unionByName(upserted)
     return TableDelta(consolidate(old, new, cols, key), placed is not None,
                       rows_at=rows_at if before else None)
+
+
+def _new_keys_on_driver(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
+                        before: Sequence[DataFile]) -> pa.Table | None:
+    """The changelog of ``batches`` computed on the driver, without Spark, when it is
+    insertions of new keys only: every batch staged by the driver (one file noting its
+    keys), of a one-column key whose vnodes the driver hashes, into a table without a
+    processing-time column, and no file of the table (``before``: its files at
+    ``e-1``) may hold one of the keys by its vnode and key ranges. Then each key's
+    last staged row, if an upsert, is a ``+`` (a delete of a key the table never held
+    changes nothing). None where any of that does not hold: the changelog is then
+    computed by Spark. (A steady stream of new rows: its epoch's table change costs
+    no Spark job and no plan.)"""
+    if rel.proctime is not None or len(rel.key) != 1 or any(
+            placed_epoch(b.path) is not None or updated_at(b.path) is not None
+            for b in batches):
+        return None
+    wh = store.warehouse
+    files = [b.path for b in batches]
+    if not all(f.endswith(".parquet") and wh.is_file(f) for f in files):
+        return None  # a batch staged by Spark: a directory of files
+    keys = _staged_first_keys(wh, files)
+    key = rel.key[0]
+    key_type = next(c.type for c in rel.columns if c.name == key)
+    vnodes = None if keys is None else vnodes_of(keys, key_type)
+    if keys is None or vnodes is None or any(
+            f.may_hold(keys) and any(f.vnode_min <= v <= f.vnode_max for v in vnodes)
+            for f in before):
+        return None
+    names = [*[c.name for c in rel.columns], SEQ, IDX, KIND]
+    staged = pa.concat_tables([wh.read_parquet(f).select(names) for f in files],
+                              promote_options="permissive")
+    # each key's last change (call order: sequence, then position in its call)
+    staged = staged.sort_by([(key, "ascending"), (SEQ, "ascending"), (IDX, "ascending")])
+    n = staged.num_rows
+    ends = pc.not_equal(staged[key].slice(0, n - 1), staged[key].slice(1)).combine_chunks()
+    latest = staged.filter(pa.concat_arrays([ends, pa.array([True])]))
+    latest = latest.filter(pc.equal(latest[KIND], UPSERT))
+    each = vnode_each(latest[key].to_pylist(), key_type)
+    assert each is not None  # the key's type hashes (vnodes_of above)
+    return (latest.select([c.name for c in rel.columns])
+            .append_column(pa.field(VNODE, pa.int32()), pa.array(each, pa.int32()))
+            .append_column(pa.field(OP, pa.string()),
+                           pa.repeat(pa.scalar("+"), latest.num_rows)))
 
 
 def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],

@@ -915,12 +915,15 @@ class RelationStore:
             actions.append(_add_action(table_path, WrittenFile(part, size, stats), now_ms))
         return actions, _observed(values)
 
-    def append(self, rel: StoredRelation, epoch: int, delta: DataFrame,
+    def append(self, rel: StoredRelation, epoch: int, delta: DataFrame | None,
                rows_hint: int, collect_keys: bool = False,
                placed: bool = False, prepared: Sequence[str] = (),
-               as_read: bool = False, inserts: bool = False) -> Appended | None:
+               as_read: bool = False, inserts: bool = False,
+               rows: pa.Table | None = None) -> Appended | None:
         """Append one epoch's changelog (columns + ``_vnode`` + ``_op``) in one Spark
-        job; None when it is empty (nothing is committed). ``rows_hint``: about how
+        job; None when it is empty (nothing is committed). ``rows``: the changelog
+        as rows on the driver already (``delta`` is then not read): written from
+        there, no Spark job. ``rows_hint``: about how
         many rows it holds (it sets the number of files). ``collect_keys``: bring the
         first key column's distinct values to the driver (``Appended.keys``) when
         there are at most ``KEY_VALUES``. ``placed``: ``delta`` is in the partitions
@@ -942,7 +945,12 @@ class RelationStore:
             return self._commit_append(dt, rel, epoch, subdir, actions, observed)
         # the set is collected whole: only for a Δ expected small
         key_column = rel.key[0] if collect_keys and rows_hint <= 5 * KEY_VALUES else None
-        if rows_hint <= LOCAL_WRITE_ROWS:
+        if rows is not None:
+            actions, observed = self._write_arrow(rel, _with_epoch(rows, epoch), subdir,
+                                                  rel.key[0] if collect_keys else None)
+        elif delta is None:
+            raise ValueError("an append needs its changelog as a frame or as rows")
+        elif rows_hint <= LOCAL_WRITE_ROWS:
             actions, observed = self._write_arrow(
                 rel, self._arrow_rows(rel, delta, epoch), subdir,
                 rel.key[0] if collect_keys else None)
