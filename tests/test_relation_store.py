@@ -168,6 +168,50 @@ def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
     assert 0 < st_.rows_read["r"] <= holding < len(model), (st_.rows_read, groups)
 
 
+def test_a_small_relation_is_folded_by_the_driver_whenever_its_log_outgrows_its_base(
+        tmp_path, spark):
+    """A relation of a few rows, keyed by two columns, folded whenever
+    ``compaction_due`` says so (as soon as its log holds more rows than its base):
+    each fold reads and merges its files on the driver (no Spark job), and the
+    snapshot as of every epoch, before and after each fold, equals the model; a
+    key deleted and inserted again, updated twice, and one whose last change is a
+    delete, are each folded as their last change says."""
+    columns = (Column("id", "bigint", False), Column("s", "string", False),
+               Column("v", "string", True))
+    meta = MetaStore(tmp_path / "meta.sqlite")
+    st_ = RelationStore(spark, Warehouse(tmp_path), meta, target_file_rows=40)
+    rel = StoredRelation(1, "r", "000001-r", columns, ("id", "s"))
+    st_.create(rel.dir, columns)
+    with meta.transaction() as conn:
+        meta.set_version(conn, rel.id, 0, 0)
+    rng = random.Random(9)
+    model: dict[tuple[int, str], str] = {}
+    history = {}
+    folds = 0
+    for epoch in range(1, 13):
+        flat: dict[int, str] = {k[0] * 2 + "ab".index(k[1]): v for k, v in model.items()}
+        rows = _random_changes(rng, flat, epoch, range(60), 15)
+        model = {(k // 2, "ab"[k % 2]): v for k, v in flat.items()}
+        df = spark.createDataFrame([(k // 2, "ab"[k % 2], v, op) for k, v, op in rows],
+                                   "id bigint, s string, v string, _op string")
+        written = st_.append(rel, epoch, df.withColumn(VNODE, vnode_expr(["id", "s"]))
+                             .select("id", "s", "v", VNODE, OP), len(rows))
+        meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: written.version}, {}, [], [],
+                                      0))
+        history[epoch] = sorted((k[0], k[1], v) for k, v in model.items())
+        if st_.compaction_due(rel, epoch) == "fold":
+            jobs = st_.spark_jobs
+            st_.compact(rel, epoch, len(model))
+            assert st_.spark_jobs == jobs, f"epoch {epoch}: the fold ran a Spark job"
+            assert {f.kind for f in st_.files_at(rel, epoch)} <= {"base"}
+            folds += 1
+        for e, expected in history.items():
+            got = sorted((r.id, r.s, r.v) for r in st_.snapshot(rel, e).collect())
+            assert got == expected, f"as of epoch {e}, after epoch {epoch}"
+    assert folds >= 3, folds
+    meta.close()
+
+
 def _vnode_range(md, g: int) -> tuple[int, int]:
     names = [md.schema.column(i).name for i in range(md.num_columns)]
     st = md.row_group(g).column(names.index(VNODE)).statistics
@@ -299,9 +343,17 @@ def test_a_merged_log_keeps_every_column_type(writer, tmp_path: Path, spark, mon
         return sorted(tuple(r) for r in st_.snapshot(rel, epoch).collect())
 
     before = {epoch: snap(epoch) for epoch in range(1, 5)}
+    driver_fold_rows, st_.driver_fold_rows = st_.driver_fold_rows, 0  # not folded yet
     assert st_.compaction_due(rel, 4) == "merge"
     st_.merge_log(rel, 4)
     assert all(f.path.startswith("log/m") for f in st_.files_at(rel, 4))
+    assert {epoch: snap(epoch) for epoch in range(1, 5)} == before
+    # then folded (by the driver, when its appends are: a small relation) with every
+    # value as it was
+    st_.driver_fold_rows = driver_fold_rows
+    assert st_.compaction_due(rel, 4) == ("fold" if writer == "driver" else None)
+    st_.compact(rel, 4, len(before[4]))
+    assert {f.kind for f in st_.files_at(rel, 4)} == {"base"}
     assert {epoch: snap(epoch) for epoch in range(1, 5)} == before
     meta.close()
 
@@ -328,10 +380,11 @@ def test_a_log_that_is_already_a_base_is_adopted_without_a_rewrite(store, spark)
             spark)
     want = sorted([(1, "x"), (500, "n")] + [(i, str(i)) for i in range(3, 300)] + [(0, "0")])
     assert _snap(st_, rel, 2) == want
-    jobs = st_.spark_jobs
+    adopted = {f.path for f in base}
     st_.compact(rel, 2, 299)
-    assert st_.spark_jobs > jobs, "a log with retractions is rewritten"
-    assert {f.kind for f in st_.files_at(rel, 2)} == {"base"}
+    folded = st_.files_at(rel, 2)
+    assert {f.kind for f in folded} == {"base"}
+    assert adopted.isdisjoint(f.path for f in folded), "a log with retractions is rewritten"
     assert _snap(st_, rel, 2) == want
     assert _snap(st_, rel, 1) == [(i, str(i)) for i in range(300)]
 

@@ -81,6 +81,7 @@ from .schema import (
     VNODE,
     VNODE_COUNT,
     Column,
+    arrow_type,
     names_sql,
     normalize_type_name,
     physical_arrow_schema,
@@ -343,6 +344,10 @@ class RelationStore:
         self.max_log_files = max_log_files
         self.log_fraction = log_fraction
         self.min_compact_rows = min_compact_rows
+        #: a relation of at most this many rows (base and log) is folded by the driver
+        #: alone (no Spark job), so it is folded as soon as its log outgrows
+        #: ``log_fraction`` of its base, however few rows that is (0: never so)
+        self.driver_fold_rows = LOCAL_WRITE_ROWS
         #: a fold into a base of at least this many live rows writes keyed copies
         self.keyed_copy_min_rows = KEYED_COPY_MIN_ROWS
         #: rows per row group of a keyed copy
@@ -1141,6 +1146,10 @@ class RelationStore:
         base_rows = sum(f.rows for f in files if f.kind == "base")
         if log_rows > max(self.min_compact_rows, self.log_fraction * base_rows):
             return "fold"
+        if (base_rows + log_rows <= self.driver_fold_rows
+                and log_rows > self.log_fraction * base_rows and _driver_foldable(rel)):
+            # a small relation: a fold costs less than every read merging its log
+            return "fold"
         if len(log) < self.max_log_files:
             return None
         return "merge" if log_rows <= MERGE_LOG_ROWS else "fold"
@@ -1186,10 +1195,14 @@ class RelationStore:
             actions = self._link_as_base(rel, old_files, subdir)
         elif live_rows <= LOCAL_WRITE_ROWS:
             # a small relation: its rows to the driver and written there, as a small
-            # Δ is (a Spark write's file-commit protocol costs more than its rows)
-            snap = self.snapshot(rel, epoch, few=True).withColumn(OP, F.lit("+"))
-            actions, _ = self._write_arrow(rel, self._arrow_rows(rel, snap, epoch), subdir,
-                                           None)
+            # Δ is (a Spark write's file-commit protocol costs more than its rows); read
+            # there too when its files are few rows in all
+            rows = (self._live_rows_on_driver(rel, epoch, old_files)
+                    if sum(f.rows for f in old_files) <= self.driver_fold_rows else None)
+            if rows is None:
+                snap = self.snapshot(rel, epoch, few=True).withColumn(OP, F.lit("+"))
+                rows = self._arrow_rows(rel, snap, epoch)
+            actions, _ = self._write_arrow(rel, rows, subdir, None)
         else:
             snap = (self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch))
                     .withColumn(OP, F.lit("+")))
@@ -1197,6 +1210,50 @@ class RelationStore:
         dt = self._table(rel)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
         return self._record_rewrite(rel, epoch, subdir, old_files)
+
+    def _live_rows_on_driver(self, rel: StoredRelation, epoch: int,
+                             files: Sequence[DataFile]) -> pa.Table | None:
+        """``snapshot(epoch)`` of ``files`` (``rel``'s at ``epoch``) read and merged on
+        the driver with pyarrow, as a changelog of insertions (``_epoch`` = ``epoch``,
+        ``_op`` = ``+``): the base rows, and the log rows above the base's epoch up to
+        ``epoch``, of which each key's last change (highest epoch, ``U+`` after
+        ``U-``) is kept if it is live. None for a key the driver does not compare
+        (``_driver_foldable``) or that holds a NULL."""
+        if not _driver_foldable(rel):
+            return None
+        schema = physical_arrow_schema(rel.columns)
+        base_epoch = compaction_epoch(files)
+        parts = []
+        for f in files:
+            rows = self.warehouse.read_parquet(f.uri).select(schema.names).cast(schema)
+            if f.kind == "base":  # each key once, below every log row kept
+                rank = pa.repeat(pa.scalar(2 * base_epoch + 1, pa.int64()), rows.num_rows)
+            else:
+                at = rows[EPOCH]
+                rows = rows.filter(pc.and_(pc.greater(at, base_epoch),
+                                           pc.less_equal(at, epoch)))
+                rank = pc.add(pc.multiply(rows[EPOCH], 2),
+                              pc.cast(pc.not_equal(rows[OP], "U-"), pa.int64()))
+            parts.append(rows.append_column("_sf_rank", rank))
+        rows = pa.concat_tables(parts)
+        key = list(rel.key)
+        if any(rows[k].null_count for k in key):
+            return None
+        rows = rows.sort_by([*[(k, "ascending") for k in key], ("_sf_rank", "ascending")])
+        n = rows.num_rows
+        if n:
+            ends = pc.not_equal(rows[key[0]].slice(0, n - 1), rows[key[0]].slice(1))
+            for k in key[1:]:
+                ends = pc.or_(ends, pc.not_equal(rows[k].slice(0, n - 1), rows[k].slice(1)))
+            rows = rows.filter(pa.concat_arrays([pa.chunked_array(ends).combine_chunks(),
+                                                 pa.array([True])]))
+            rows = rows.filter(pc.is_in(rows[OP], pa.array(["+", "U+"])))
+        m = rows.num_rows
+        return (rows.drop_columns(["_sf_rank"])
+                .set_column(schema.get_field_index(EPOCH), schema.field(EPOCH),
+                            pa.repeat(pa.scalar(epoch, pa.int64()), m))
+                .set_column(schema.get_field_index(OP), schema.field(OP),
+                            pa.repeat(pa.scalar("+"), m)))
 
     def _has_copies(self, folder_uri: str) -> bool:
         """Whether the base folder ``folder_uri``'s files have keyed copies."""
@@ -1347,6 +1404,15 @@ def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[Da
     if n_files <= 256 and hasattr(df, "repartitionById"):
         return df.repartitionById(n_files, F.expr(range_id_sql(n_files))), False
     return df.repartitionByRange(n_files, VNODE, *key), True
+
+
+def _driver_foldable(rel: StoredRelation) -> bool:
+    """Whether the driver merges ``rel``'s rows by key (``_live_rows_on_driver``): its
+    key columns are of types pyarrow sorts and compares as Spark does (no floating
+    point: NaN; nothing nested)."""
+    types = {c.name: arrow_type(c.type) for c in rel.columns}
+    return all(not (pa.types.is_floating(types[k]) or pa.types.is_nested(types[k]))
+               for k in rel.key)
 
 
 def compaction_epoch(files: Sequence[DataFile]) -> int:
