@@ -168,18 +168,18 @@ def test_compaction_keeps_snapshots_and_old_epochs(store, spark):
     assert 0 < st_.rows_read["r"] <= holding < len(model), (st_.rows_read, groups)
 
 
-def test_a_small_relation_is_folded_by_the_driver_whenever_its_log_outgrows_its_base(
-        tmp_path, spark):
+def test_a_small_relation_is_folded_by_the_driver(tmp_path, spark):
     """A relation of a few rows, keyed by two columns, folded whenever
-    ``compaction_due`` says so (as soon as its log holds more rows than its base):
-    each fold reads and merges its files on the driver (no Spark job), and the
+    ``compaction_due`` says so (its log of more than 20 rows, and more rows than its
+    base): each fold reads and merges its files on the driver (no Spark job), and the
     snapshot as of every epoch, before and after each fold, equals the model; a
     key deleted and inserted again, updated twice, and one whose last change is a
     delete, are each folded as their last change says."""
     columns = (Column("id", "bigint", False), Column("s", "string", False),
                Column("v", "string", True))
     meta = MetaStore(tmp_path / "meta.sqlite")
-    st_ = RelationStore(spark, Warehouse(tmp_path), meta, target_file_rows=40)
+    st_ = RelationStore(spark, Warehouse(tmp_path), meta, target_file_rows=40,
+                        min_compact_rows=20)
     rel = StoredRelation(1, "r", "000001-r", columns, ("id", "s"))
     st_.create(rel.dir, columns)
     with meta.transaction() as conn:
@@ -343,15 +343,12 @@ def test_a_merged_log_keeps_every_column_type(writer, tmp_path: Path, spark, mon
         return sorted(tuple(r) for r in st_.snapshot(rel, epoch).collect())
 
     before = {epoch: snap(epoch) for epoch in range(1, 5)}
-    driver_fold_rows, st_.driver_fold_rows = st_.driver_fold_rows, 0  # not folded yet
     assert st_.compaction_due(rel, 4) == "merge"
     st_.merge_log(rel, 4)
     assert all(f.path.startswith("log/m") for f in st_.files_at(rel, 4))
     assert {epoch: snap(epoch) for epoch in range(1, 5)} == before
     # then folded (by the driver, when its appends are: a small relation) with every
     # value as it was
-    st_.driver_fold_rows = driver_fold_rows
-    assert st_.compaction_due(rel, 4) == ("fold" if writer == "driver" else None)
     st_.compact(rel, 4, len(before[4]))
     assert {f.kind for f in st_.files_at(rel, 4)} == {"base"}
     assert {epoch: snap(epoch) for epoch in range(1, 5)} == before

@@ -344,10 +344,6 @@ class RelationStore:
         self.max_log_files = max_log_files
         self.log_fraction = log_fraction
         self.min_compact_rows = min_compact_rows
-        #: a relation of at most this many rows (base and log) is folded by the driver
-        #: alone (no Spark job), so it is folded as soon as its log outgrows
-        #: ``log_fraction`` of its base, however few rows that is (0: never so)
-        self.driver_fold_rows = LOCAL_WRITE_ROWS
         #: a fold into a base of at least this many live rows writes keyed copies
         self.keyed_copy_min_rows = KEYED_COPY_MIN_ROWS
         #: rows per row group of a keyed copy
@@ -1146,10 +1142,6 @@ class RelationStore:
         base_rows = sum(f.rows for f in files if f.kind == "base")
         if log_rows > max(self.min_compact_rows, self.log_fraction * base_rows):
             return "fold"
-        if (base_rows + log_rows <= self.driver_fold_rows
-                and log_rows > self.log_fraction * base_rows and _driver_foldable(rel)):
-            # a small relation: a fold costs less than every read merging its log
-            return "fold"
         if len(log) < self.max_log_files:
             return None
         return "merge" if log_rows <= MERGE_LOG_ROWS else "fold"
@@ -1196,9 +1188,9 @@ class RelationStore:
         elif live_rows <= LOCAL_WRITE_ROWS:
             # a small relation: its rows to the driver and written there, as a small
             # Δ is (a Spark write's file-commit protocol costs more than its rows); read
-            # there too when its files are few rows in all
+            # and merged there too, with no Spark job, when its files hold few rows
             rows = (self._live_rows_on_driver(rel, epoch, old_files)
-                    if sum(f.rows for f in old_files) <= self.driver_fold_rows else None)
+                    if sum(f.rows for f in old_files) <= MERGE_LOG_ROWS else None)
             if rows is None:
                 snap = self.snapshot(rel, epoch, few=True).withColumn(OP, F.lit("+"))
                 rows = self._arrow_rows(rel, snap, epoch)
