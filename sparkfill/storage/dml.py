@@ -53,6 +53,7 @@ from .relation_store import (
     RelationStore,
     cast_sql,
     inserts_observed,
+    last_rows_per_key,
 )
 from .schema import (
     EPOCH,
@@ -545,24 +546,21 @@ def _new_keys_on_driver(store: RelationStore, rel: Relation, batches: Sequence[S
     keys = _staged_first_keys(wh, files)
     key = rel.key[0]
     key_type = next(c.type for c in rel.columns if c.name == key)
-    vnodes = None if keys is None else vnodes_of(keys, key_type)
-    if keys is None or vnodes is None or any(
-            f.may_hold(keys) and any(f.vnode_min <= v <= f.vnode_max for v in vnodes)
+    each = None if keys is None else vnode_each(keys, key_type)
+    if keys is None or each is None or any(
+            f.may_hold(keys) and any(f.vnode_min <= v <= f.vnode_max for v in set(each))
             for f in before):
         return None
+    vnode_of = dict(zip(keys, each, strict=True))
     names = [*[c.name for c in rel.columns], SEQ, IDX, KIND]
     staged = pa.concat_tables([wh.read_parquet(f).select(names) for f in files],
                               promote_options="permissive")
     # each key's last change (call order: sequence, then position in its call)
-    staged = staged.sort_by([(key, "ascending"), (SEQ, "ascending"), (IDX, "ascending")])
-    n = staged.num_rows
-    ends = pc.not_equal(staged[key].slice(0, n - 1), staged[key].slice(1)).combine_chunks()
-    latest = staged.filter(pa.concat_arrays([ends, pa.array([True])]))
+    latest = last_rows_per_key(staged, [key], [SEQ, IDX])
     latest = latest.filter(pc.equal(latest[KIND], UPSERT))
-    each = vnode_each(latest[key].to_pylist(), key_type)
-    assert each is not None  # the key's type hashes (vnodes_of above)
+    vnodes = [vnode_of[k] for k in latest[key].to_pylist()]
     return (latest.select([c.name for c in rel.columns])
-            .append_column(pa.field(VNODE, pa.int32()), pa.array(each, pa.int32()))
+            .append_column(pa.field(VNODE, pa.int32()), pa.array(vnodes, pa.int32()))
             .append_column(pa.field(OP, pa.string()),
                            pa.repeat(pa.scalar("+"), latest.num_rows)))
 

@@ -1228,18 +1228,10 @@ class RelationStore:
                               pc.cast(pc.not_equal(rows[OP], "U-"), pa.int64()))
             parts.append(rows.append_column("_sf_rank", rank))
         rows = pa.concat_tables(parts)
-        key = list(rel.key)
-        if any(rows[k].null_count for k in key):
+        if any(rows[k].null_count for k in rel.key):
             return None
-        rows = rows.sort_by([*[(k, "ascending") for k in key], ("_sf_rank", "ascending")])
-        n = rows.num_rows
-        if n:
-            ends = pc.not_equal(rows[key[0]].slice(0, n - 1), rows[key[0]].slice(1))
-            for k in key[1:]:
-                ends = pc.or_(ends, pc.not_equal(rows[k].slice(0, n - 1), rows[k].slice(1)))
-            rows = rows.filter(pa.concat_arrays([pa.chunked_array(ends).combine_chunks(),
-                                                 pa.array([True])]))
-            rows = rows.filter(pc.is_in(rows[OP], pa.array(["+", "U+"])))
+        rows = last_rows_per_key(rows, rel.key, ["_sf_rank"])
+        rows = rows.filter(pc.is_in(rows[OP], pa.array(["+", "U+"])))
         m = rows.num_rows
         return (rows.drop_columns(["_sf_rank"])
                 .set_column(schema.get_field_index(EPOCH), schema.field(EPOCH),
@@ -1396,6 +1388,21 @@ def _by_vnode_range(df: DataFrame, n_files: int, key: Sequence[str]) -> tuple[Da
     if n_files <= 256 and hasattr(df, "repartitionById"):
         return df.repartitionById(n_files, F.expr(range_id_sql(n_files))), False
     return df.repartitionByRange(n_files, VNODE, *key), True
+
+
+def last_rows_per_key(rows: pa.Table, key: Sequence[str], order: Sequence[str]) -> pa.Table:
+    """``latest_per_key`` on the driver: each key's last row of ``rows`` by ``order``
+    (ascending), the rows sorted by key. Key columns hold no NULL."""
+    rows = rows.sort_by([(c, "ascending") for c in [*key, *order]])
+    n = rows.num_rows
+    if n < 2:
+        return rows
+    ends = [pc.not_equal(rows[k].slice(0, n - 1), rows[k].slice(1)) for k in key]
+    last = ends[0]
+    for other in ends[1:]:
+        last = pc.or_(last, other)
+    return rows.filter(pa.concat_arrays([pa.chunked_array(last).combine_chunks(),
+                                         pa.array([True])]))
 
 
 def _driver_foldable(rel: StoredRelation) -> bool:
