@@ -109,6 +109,38 @@ def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
     assert seen == set(synced)
 
 
+@pytest.mark.parametrize("refresh", ["incremental", "full"])
+def test_a_sink_follows_its_mv_emptied_by_a_rewrite(engine, tmp_path, refresh):
+    """Every row deleted in the epoch that folds the MV's files (or recomputes it):
+    the MV's new base holds no row, yet it must say where its log starts, or a sink
+    synced up to the epoch before finds no change since and keeps every row (its
+    fold once wrote no file at all). Then rows come back, and the sink follows."""
+    eng = engine
+    eng.store.min_compact_rows, eng.store.log_fraction = 10, 0.5  # fold at 20 log rows
+    eng.sql("CREATE TABLE t (id BIGINT, v BIGINT, PRIMARY KEY (id))")
+    eng.insert("t", [{"id": i, "v": i} for i in range(40)])
+    eng.step()
+    eng.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill = 'blocking', refresh = '{refresh}') "
+            "AS SELECT id, v FROM t WHERE v >= 0")
+    eng.step()
+    path = tmp_path / "out"
+    eng.sql(f"CREATE SINK s FROM m WITH (connector = 'delta', path = '{path}')")
+    eng.step()
+    eng.sql("UPDATE t SET v = v + 1")
+    eng.step()
+    assert_rows_equal(eng.read("m"), _delta_rows(path, ["id", "v"]), label="after the update")
+    eng.delete("t", [{"id": i} for i in range(40)])
+    rep = eng.step()
+    assert eng.read("m").count() == 0
+    assert _delta_rows(path, ["id", "v"]) == [], "the sink kept rows its MV deleted"
+    files = eng.store.files_at(eng.catalog.get("m").stored, rep.epoch)
+    assert [(f.kind, f.rows) for f in files] == [("base", 0)], files
+    eng.insert("t", [{"id": 7, "v": 70}])
+    eng.step()
+    assert_rows_equal(eng.read("m"), _delta_rows(path, ["id", "v"]), label="rows back")
+    assert _delta_rows(path, ["id", "v"]) == [(7, 70)]
+
+
 def test_sink_statements_and_errors_change_nothing(engine, tmp_path):
     eng = engine
     eng.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")

@@ -1121,8 +1121,8 @@ class RelationStore:
         subdir = f"base/c{epoch:010d}-{uuid.uuid4().hex[:8]}"
         df = rows_df.withColumn(EPOCH, F.lit(epoch)).withColumn(OP, F.lit("+"))
         observation = Observation(f"sf_rewrite_{uuid.uuid4().hex}")
-        actions = self._write_files(rel, df, subdir, max(1, old_rows), observation=observation,
-                                    as_read=as_read)
+        actions = self._marked_base(rel, subdir, self._write_files(
+            rel, df, subdir, max(1, old_rows), observation=observation, as_read=as_read))
         replaced = self.files_at(rel, epoch - 1)
         now_ms = int(time.time() * 1000)
         dt.create_write_transaction(
@@ -1255,9 +1255,27 @@ class RelationStore:
             snap = (self.snapshot(rel, epoch).withColumn(EPOCH, F.lit(epoch))
                     .withColumn(OP, F.lit("+")))
             actions = self._write_files(rel, snap, subdir, live_rows)
+        actions = self._marked_base(rel, subdir, actions)
         dt = self._table(rel)
         dt.create_write_transaction(actions, mode="overwrite", schema=dt.schema())
         return self._record_rewrite(rel, epoch, subdir, old_files)
+
+    def _marked_base(self, rel: StoredRelation, subdir: str,
+                     actions: list[AddAction | RemoveAction]) -> list[AddAction | RemoveAction]:
+        """``actions`` of a base written under ``subdir``, with a file of no rows
+        there when they add none (every row was deleted): the base's folder is what
+        says where the log starts (``compaction_epoch``), and a relation of no file
+        would read as never compacted — a sink synced up to an earlier epoch would
+        then find no change since and keep the rows the fold deleted."""
+        if any(isinstance(a, AddAction) for a in actions):
+            return actions
+        table_path = self.path(rel)
+        self.meta.add_pending_dir(rel.id, f"{table_path}/{subdir}")
+        uri = f"{table_path}/{subdir}/part-00000-{uuid.uuid4().hex}.snappy.parquet"
+        empty = physical_arrow_schema(rel.columns).empty_table()
+        size = self.warehouse.write_parquet(empty, uri)
+        written = WrittenFile(uri, size, arrow_file_stats(empty, [VNODE, EPOCH, rel.key[0]]))
+        return [*actions, _add_action(table_path, written, int(time.time() * 1000))]
 
     def _live_rows_on_driver(self, rel: StoredRelation, epoch: int,
                              files: Sequence[DataFile]) -> pa.Table | None:
