@@ -321,7 +321,7 @@ def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
 
     spans = [(a, b) for a in range(1, 6) for b in range(a + 1, 7)]
     logs = {span: log_rows(*span) for span in spans}
-    assert st_.compaction_due(rel, 6, before=False) == "merge", "5 log files over a base of 300 rows"
+    assert st_.compaction_due(rel, 6) == "merge", "5 log files over a base of 300 rows"
     jobs = st_.spark_jobs
     st_.merge_log(rel, 6)
     assert st_.spark_jobs == jobs, "merged on the driver"
@@ -332,7 +332,7 @@ def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
     assert all(f.path.startswith("log/m") for f in merged)
     assert len(merged) == math.ceil(rows / st_.target_file_rows) < 5
     assert (min(f.epoch_min for f in merged), max(f.epoch_max for f in merged)) == (2, 6)
-    assert st_.compaction_due(rel, 6, before=False) is None
+    assert st_.compaction_due(rel, 6) is None
     for epoch, expected in history.items():
         assert _snap(st_, rel, epoch) == expected, epoch
     for span in spans:
@@ -341,13 +341,13 @@ def test_a_merged_log_keeps_every_epoch_and_the_log_store(store, spark):
     try:  # too many rows to merge on the driver: folded
         for epoch in range(7, 10):
             _commit(st_, meta, rel, epoch, [(epoch * 1000, "n", "+")], spark)
-        assert st_.compaction_due(rel, 9, before=False) == "merge"
+        assert st_.compaction_due(rel, 9) == "merge"
         monkey.setattr(relation_store, "MERGE_LOG_ROWS", 10)
-        assert st_.compaction_due(rel, 9, before=False) == "fold"
+        assert st_.compaction_due(rel, 9) == "fold"
     finally:
         monkey.undo()
     st_.log_fraction = 0.05  # a log large against its base is folded, however few files
-    assert st_.compaction_due(rel, 9, before=False) == "fold"
+    assert st_.compaction_due(rel, 9) == "fold"
 
 
 @pytest.mark.parametrize("writer", ["driver", "executors"])
@@ -390,7 +390,7 @@ def test_a_merged_log_keeps_every_column_type(writer, tmp_path: Path, spark, mon
         return sorted(tuple(r) for r in st_.snapshot(rel, epoch).collect())
 
     before = {epoch: snap(epoch) for epoch in range(1, 5)}
-    assert st_.compaction_due(rel, 4, before=False) == "merge"
+    assert st_.compaction_due(rel, 4) == "merge"
     st_.merge_log(rel, 4)
     assert all(f.path.startswith("log/m") for f in st_.files_at(rel, 4))
     assert {epoch: snap(epoch) for epoch in range(1, 5)} == before
