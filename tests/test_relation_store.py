@@ -199,7 +199,7 @@ def test_a_small_relation_is_folded_by_the_driver(tmp_path, spark):
         meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: written.version}, {}, [], [],
                                       0))
         history[epoch] = sorted((k[0], k[1], v) for k, v in model.items())
-        if st_.compaction_due(rel, epoch, before=False) == "fold":
+        if st_.compaction_due(rel, epoch) == "fold":
             jobs = st_.spark_jobs
             st_.compact(rel, epoch, len(model))
             assert st_.spark_jobs == jobs, f"epoch {epoch}: the fold ran a Spark job"
@@ -209,53 +209,6 @@ def test_a_small_relation_is_folded_by_the_driver(tmp_path, spark):
             got = sorted((r.id, r.s, r.v) for r in st_.snapshot(rel, e).collect())
             assert got == expected, f"as of epoch {e}, after epoch {epoch}"
     assert folds >= 3, folds
-    meta.close()
-
-
-def test_a_small_relation_folds_its_log_below_the_epoch(tmp_path, spark):
-    """A small relation keyed by two columns, its log below each epoch folded into
-    its base whenever ``compaction_due`` says so: each fold runs on the driver (no
-    Spark job), keeps the epoch's own log (its changelog reads as it was written),
-    and leaves the snapshot as of every epoch, before and after it, equal to the
-    model."""
-    columns = (Column("id", "bigint", False), Column("s", "string", False),
-               Column("v", "string", True))
-    meta = MetaStore(tmp_path / "meta.sqlite")
-    st_ = RelationStore(spark, Warehouse(tmp_path), meta, target_file_rows=40)
-    rel = StoredRelation(1, "r", "000001-r", columns, ("id", "s"))
-    st_.create(rel.dir, columns)
-    with meta.transaction() as conn:
-        meta.set_version(conn, rel.id, 0, 0)
-    rng = random.Random(11)
-    model: dict[int, str] = {}  # key k: id k // 2, s "ab"[k % 2]
-    history = {}
-    folds = 0
-    for epoch in range(1, 13):
-        rows = _random_changes(rng, model, epoch, range(24), 8)
-        as_rows = [(k // 2, "ab"[k % 2], v, op) for k, v, op in rows]
-        df = spark.createDataFrame(as_rows, "id bigint, s string, v string, _op string")
-        written = st_.append(rel, epoch, df.withColumn(VNODE, vnode_expr(["id", "s"]))
-                             .select("id", "s", "v", VNODE, OP), len(rows))
-        meta.commit_epoch(EpochCommit(epoch, 0.0, 0.0, {rel.id: written.version}, {}, [], [],
-                                      0))
-        history[epoch] = sorted(((k // 2, "ab"[k % 2], v) for k, v in model.items()),
-                                key=str)
-        if st_.compaction_due(rel, epoch) == "fold_before":
-            jobs = st_.spark_jobs
-            assert st_.fold_before(rel, epoch) is not None
-            assert st_.spark_jobs == jobs, f"epoch {epoch}: the fold ran a Spark job"
-            files = st_.files_at(rel, epoch)
-            assert all(f.kind == "base" or f.epoch_min == f.epoch_max == epoch
-                       for f in files), files
-            assert {f.compaction_epoch for f in files if f.kind == "base"} == {epoch - 1}
-            folds += 1
-        log = st_.changelog(rel, epoch - 1, epoch).collect()
-        assert sorted(((r.id, r.s, r.v, r[OP]) for r in log), key=str) == sorted(
-            as_rows, key=str), f"epoch {epoch}'s changelog"
-        for e, expected in history.items():
-            got = sorted(((r.id, r.s, r.v) for r in st_.snapshot(rel, e).collect()), key=str)
-            assert got == expected, f"as of epoch {e}, after epoch {epoch}"
-    assert folds >= 5, folds
     meta.close()
 
 

@@ -35,9 +35,9 @@ def _app(eng, name: str) -> str:
 @pytest.mark.connect
 def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
     eng = engine
-    # compact often, every way: a merge of the MV's log files keeps its changes (the
+    # compact often, both ways: a merge of the MV's log files keeps its changes (the
     # sync rewrites the touched buckets), a fold into base drops them (it rewrites all)
-    eng.store.max_log_files, eng.store.min_compact_rows, eng.store.log_fraction = 2, 140, 0.0
+    eng.store.max_log_files, eng.store.min_compact_rows, eng.store.log_fraction = 2, 200, 0.0
     compactions: list[str] = []
 
     def counted(kind, run):
@@ -47,12 +47,6 @@ def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
         return wrapper
     eng.store.merge_log = counted("merge", eng.store.merge_log)
     eng.store.compact = counted("fold", eng.store.compact)
-    eng.store.fold_before = counted("fold_before", eng.store.fold_before)
-    # a fold below the epoch (which keeps the epoch's log: the sync rewrites the touched
-    # buckets) in every third epoch only, so that the others merge and fold
-    due = eng.store.compaction_due
-    eng.store.compaction_due = (
-        lambda rel, epoch, before=True: due(rel, epoch, before and epoch % 3 == 0))
     paths: list[str] = []
     original = eng.sinks._touched_vnodes
 
@@ -92,7 +86,7 @@ def test_sink_equals_the_mv_at_every_epoch(engine, spark, tmp_path):
         synced.append(rep.epoch)
     assert len(synced) >= 3, synced
     assert {"full", "buckets"} <= set(paths), paths  # both ways of syncing were checked
-    assert {"merge", "fold", "fold_before"} <= set(compactions), compactions
+    assert {"merge", "fold"} <= set(compactions), compactions
     assert eng.sql("SHOW SINKS").collect()[0].epoch == eng.committed_epoch
 
     # every version is the MV at the epoch it records

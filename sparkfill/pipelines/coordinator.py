@@ -1097,8 +1097,6 @@ class EpochCoordinator:
                 continue  # a snapshot job reads its log or writes it as of earlier epochs
             if rel.id in appended:
                 due = self.store.compaction_due(rel.stored, epoch)
-                if due == "fold_before" and self.store.fold_before(rel.stored, epoch) is None:
-                    due = self.store.compaction_due(rel.stored, epoch, before=False)
                 if due == "fold":
                     self.store.compact(rel.stored, epoch, rel.row_count)
                 elif due == "merge":

@@ -627,14 +627,7 @@ class RelationStore:
             cond & _epochs_within(log, base_epoch, epoch))
         if semi is not None:
             log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
-        # a relation of few rows in its files (a small one, whose log below each epoch
-        # is folded into its base: ``fold_before``) merges in the read's own job too:
-        # a filter the caller puts over the rows then runs above the merge, never on
-        # a base row the log replaced (Spark pushes a filter below an anti-join, and
-        # a filter that raises on such a row, say a cast of a value deleted since,
-        # would fail a query whose live rows all pass)
-        few = (few or where is not None or semi is not None or narrow is not None
-               or sum(f.rows for f in selected) <= LOCAL_WRITE_ROWS)
+        few = few or where is not None or semi is not None or narrow is not None
         if few and base:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
@@ -1136,71 +1129,22 @@ class RelationStore:
                          (f"{self.path(rel)}/{subdir}",))
         return version, {"+": _observed(observation.get).counts.get("+", 0), "-": old_rows}
 
-    def compaction_due(self, rel: StoredRelation, epoch: int,
-                       before: bool = True) -> str | None:
-        """What the relation's files as of committed ``epoch`` need: ``"fold_before"``
-        (with ``before``: a small relation's log below ``epoch`` into its base,
-        ``_fold_before_pays``), ``"fold"`` (its log into base: the log holds many rows
-        against the base), ``"merge"`` (its log's many small files into one: an
-        epoch's file each, and each file is a task and a footer read for every read
-        of the relation), or None."""
+    def compaction_due(self, rel: StoredRelation, epoch: int) -> str | None:
+        """What the relation's files as of committed ``epoch`` need: ``"fold"`` (its
+        log into base: the log holds many rows against the base), ``"merge"`` (its
+        log's many small files into one: an epoch's file each, and each file is a
+        task and a footer read for every read of the relation), or None."""
         files = self.files_at(rel, epoch)
         log = [f for f in files if f.kind == "log"]
         if not log:
             return None
         log_rows = sum(f.rows for f in log)
         base_rows = sum(f.rows for f in files if f.kind == "base")
-        if before and self._fold_before_pays(rel, files, epoch):
-            return "fold_before"
         if log_rows > max(self.min_compact_rows, self.log_fraction * base_rows):
             return "fold"
         if len(log) < self.max_log_files:
             return None
         return "merge" if log_rows <= MERGE_LOG_ROWS else "fold"
-
-    def _fold_before_pays(self, rel: StoredRelation, files: Sequence[DataFile],
-                          epoch: int) -> bool:
-        """Whether to fold a small relation's log below ``epoch`` into its base now
-        (``fold_before``): its files hold few rows (the driver folds them, with no
-        Spark job), ``epoch`` wrote its own log file and older log files hold at least
-        half as many rows as the base, or are many. Every read of a relation reads each
-        of its files (a footer and a task's share each) and every log row: a running
-        aggregate's state read each epoch stays a base and one epoch's log."""
-        if sum(f.rows for f in files) > LOCAL_WRITE_ROWS or not _driver_foldable(rel):
-            return False
-        log = [f for f in files if f.kind == "log"]
-        own = [f for f in log if f.epoch_min == epoch]
-        older = [f for f in log if f.epoch_max < epoch]
-        if not own or not older or len(own) + len(older) != len(log):
-            return False
-        base_rows = sum(f.rows for f in files if f.kind == "base")
-        return 2 * sum(f.rows for f in older) >= base_rows or len(older) >= 4
-
-    def fold_before(self, rel: StoredRelation, epoch: int) -> int | None:
-        """Fold the base and the log files below committed ``epoch`` into a base as
-        of ``epoch - 1``, on the driver, in one Delta commit that removes the files it
-        folded and keeps ``epoch``'s own log files: a snapshot as of ``epoch`` (that
-        base and ``epoch``'s log) reads the same rows as before, and so does a reader
-        of ``epoch``'s changelog (a sink, a source's check, a backfill's log), which a
-        fold as of ``epoch`` would remove. None (nothing done) where the driver cannot
-        fold the files (``_live_rows_on_driver``) or nothing would be left of them
-        (a base of no file would not mark where the log starts). Returns the new
-        version."""
-        version = self.meta.version_at(rel.id, epoch)
-        assert version is not None
-        files = self.files(rel, version)
-        folded = [f for f in files if not (f.kind == "log" and f.epoch_min == epoch)]
-        self.check_files(rel, folded)
-        rows = self._live_rows_on_driver(rel, epoch - 1, folded)
-        if rows is None or not rows.num_rows:
-            return None
-        subdir = f"base/c{epoch - 1:010d}-{uuid.uuid4().hex[:8]}"
-        actions, _ = self._write_arrow(rel, rows, subdir, None)
-        dt = self._table(rel)
-        now_ms = int(time.time() * 1000)
-        actions += [RemoveAction(f.path, False, now_ms, f.size) for f in folded]
-        dt.create_write_transaction(actions, mode="append", schema=dt.schema())
-        return self._record_rewrite(rel, epoch, subdir, folded)
 
     def merge_log(self, rel: StoredRelation, epoch: int) -> int:
         """Merge the log files as of committed ``epoch`` into one log file, on the
