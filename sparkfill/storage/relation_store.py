@@ -627,7 +627,13 @@ class RelationStore:
             cond & _epochs_within(log, base_epoch, epoch))
         if semi is not None:
             log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
-        few = few or where is not None or semi is not None or narrow is not None
+        # a relation of few rows in its files merges in the read's own job too: a
+        # filter the caller puts over the rows then runs above the merge, never on a
+        # base row the log replaced (Spark pushes a filter below an anti-join, and a
+        # filter that raises on such a row, say a cast of a value deleted since the
+        # fold, would fail a query whose live rows all pass)
+        few = (few or where is not None or semi is not None or narrow is not None
+               or sum(f.rows for f in selected) <= LOCAL_WRITE_ROWS)
         if few and base:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
