@@ -547,20 +547,23 @@ def _new_keys_on_driver(store: RelationStore, rel: Relation, batches: Sequence[S
     key = rel.key[0]
     key_type = next(c.type for c in rel.columns if c.name == key)
     each = None if keys is None else vnode_each(keys, key_type)
-    if keys is None or each is None or any(
-            f.may_hold(keys) and any(f.vnode_min <= v <= f.vnode_max for v in set(each))
-            for f in before):
+    if keys is None or each is None:
         return None
     vnode_of = dict(zip(keys, each, strict=True))
+    vnodes = set(each)
+    if any(f.may_hold(keys) and any(f.vnode_min <= v <= f.vnode_max for v in vnodes)
+           for f in before):
+        return None
     names = [*[c.name for c in rel.columns], SEQ, IDX, KIND]
     staged = pa.concat_tables([wh.read_parquet(f).select(names) for f in files],
                               promote_options="permissive")
     # each key's last change (call order: sequence, then position in its call)
     latest = last_rows_per_key(staged, [key], [SEQ, IDX])
     latest = latest.filter(pc.equal(latest[KIND], UPSERT))
-    vnodes = [vnode_of[k] for k in latest[key].to_pylist()]
     return (latest.select([c.name for c in rel.columns])
-            .append_column(pa.field(VNODE, pa.int32()), pa.array(vnodes, pa.int32()))
+            .append_column(pa.field(VNODE, pa.int32()),
+                           pa.array([vnode_of[k] for k in latest[key].to_pylist()],
+                                    pa.int32()))
             .append_column(pa.field(OP, pa.string()),
                            pa.repeat(pa.scalar("+"), latest.num_rows)))
 
