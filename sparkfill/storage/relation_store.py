@@ -888,13 +888,14 @@ class RelationStore:
                 for i, fs in enumerate(fields)]
 
     def _write_arrow(self, rel: StoredRelation, table: pa.Table, subdir: str,
-                     key_column: str | None,
+                     key_column: str | None, keep_empty: bool = False,
                      ) -> tuple[list[AddAction | RemoveAction], Observed]:
         """Write a Δ's rows brought to the driver, sorted by ``(_vnode, key)`` here, as
         Parquet files of at most ``target_file_rows`` rows under ``subdir`` (none
-        when it is empty). Returns their add actions and, as ``_observed``, its rows
-        per ``_op``, its vnodes and the distinct values of ``key_column``."""
-        if not table.num_rows:
+        when it is empty, unless ``keep_empty``: then one file of no rows). Returns
+        their add actions and, as ``_observed``, its rows per ``_op``, its vnodes and
+        the distinct values of ``key_column``."""
+        if not table.num_rows and not keep_empty:
             return [], Observed({}, (), None, None)
         table = table.cast(physical_arrow_schema(rel.columns)).sort_by(
             [(VNODE, "ascending"), *[(k, "ascending") for k in rel.key]])
@@ -1219,13 +1220,9 @@ class RelationStore:
         then find no change since and keep the rows the fold deleted."""
         if any(isinstance(a, AddAction) for a in actions):
             return actions
-        table_path = self.path(rel)
-        self.meta.add_pending_dir(rel.id, f"{table_path}/{subdir}")
-        uri = f"{table_path}/{subdir}/part-00000-{uuid.uuid4().hex}.snappy.parquet"
-        empty = physical_arrow_schema(rel.columns).empty_table()
-        size = self.warehouse.write_parquet(empty, uri)
-        written = WrittenFile(uri, size, arrow_file_stats(empty, [VNODE, EPOCH, rel.key[0]]))
-        return [*actions, _add_action(table_path, written, int(time.time() * 1000))]
+        empty, _ = self._write_arrow(rel, physical_arrow_schema(rel.columns).empty_table(),
+                                     subdir, None, keep_empty=True)
+        return [*actions, *empty]
 
     def _live_rows_on_driver(self, rel: StoredRelation, epoch: int,
                              files: Sequence[DataFile]) -> pa.Table | None:
