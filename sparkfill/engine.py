@@ -466,7 +466,7 @@ class Engine:
     def _snapshot(self, rel: Relation, epoch: int) -> DataFrame:
         """``rel``'s visible rows at ``epoch``, in its columns then (``Relation.at``)."""
         then = rel.at(epoch)
-        return self.store.snapshot(then.stored, epoch).select(
+        return self.store.snapshot(then.stored, epoch, guarded=True).select(
             *[c.name for c in then.visible_columns])
 
     @_boundary

@@ -562,8 +562,9 @@ class EpochCoordinator:
     def step(self) -> EpochReport:
         # a relation that fails on its rows is marked failed and the epoch runs again
         # without it, as a step after a failed one does (``failures``): at most once
-        # per relation, and once more to find whose deferred Δ failed
-        for _ in range(len(self.catalog.all()) + 2):
+        # per relation, once more with every read merged first (``_isolate``), and
+        # once more to find whose deferred Δ failed
+        for _ in range(len(self.catalog.all()) + 3):
             plan = self.plan()
             pending = self.meta.pending_epoch()
             if pending is not None and pending[0] == plan["epoch"]:
@@ -576,11 +577,19 @@ class EpochCoordinator:
         raise AssertionError("unreachable: every relation failed")  # pragma: no cover
 
     def _isolate(self, failed: RelationFailed, plan: dict[str, Any]) -> None:
-        """Mark ``failed.rel`` failed at this epoch (its Δ raised an error of its
-        rows), or, when a deferred Δ raised, persist the plan's retry with every Δ
-        written alone; re-raise the cause when that was already so."""
+        """Persist the plan's retry with every read merged in its own job
+        (``RelationStore.merging_reads``: the error may have come from a row no longer
+        live, which a filter pushed below an anti-join read), the first time an MV's
+        Δ raises an error of its rows in this epoch; then mark ``failed.rel`` failed
+        at this epoch, or, when a deferred Δ raised, persist the plan's retry with
+        every Δ written alone; re-raise the cause when that was already so."""
         epoch = int(plan["epoch"])
         self.catalog.reload()
+        if not plan.get("merged_reads") and not failed.guarded:
+            LOG.info("epoch %d runs again with every read merged by key: %s", epoch,
+                     error_line(failed.cause))
+            self.meta.begin_epoch(epoch, {**plan, "merged_reads": True})
+            return
         if failed.rel is None:
             if plan.get("no_defer"):
                 raise failed.cause
@@ -620,7 +629,9 @@ class EpochCoordinator:
     # --- execution ------------------------------------------------------------------------
 
     def execute(self, plan: dict[str, Any]) -> EpochReport:
-        with Interpreted(self.spark) as codegen:  # the session's settings back, always
+        with Interpreted(self.spark) as codegen, \
+                self.store.merging_reads(bool(plan.get("merged_reads"))):
+            # the session's settings back, always
             return self._execute_epoch(plan, codegen)
 
     def _small_epoch(self, plan: dict[str, Any], batches: Sequence[StagedBatch]) -> bool:
@@ -701,8 +712,16 @@ class EpochCoordinator:
             try:  # an error of the rows fails this relation only (``failures``)
                 if uses_snapshot_job(rel):
                     rel = self.prepare_snapshot_job(rel)
-                    with self.store.reading_for(rel.name):
-                        step = self.snapshots.step(rel, appends.deltas, epoch, appends.emitter)
+                    try:
+                        with self.store.reading_for(rel.name):
+                            step = self.snapshots.step(rel, appends.deltas, epoch,
+                                                       appends.emitter)
+                    except Exception as exc:
+                        # the job beside the epochs raised on its rows, which it reads
+                        # guarded (``RelationStore.snapshot``): no retry passes that
+                        if is_row_error(exc):
+                            raise RelationFailed(rel, exc, guarded=True) from exc
+                        raise
                     progress.extend(step.progress)
                     appends.tagged.extend(step.versions)
                     extra_rows.update(step.row_counts)
@@ -1233,6 +1252,8 @@ def retry_plan(failed: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
         plan["proctime_us"] = failed["proctime_us"]
     if failed.get("no_defer"):  # a deferred Δ failed on its rows: each is written alone
         plan["no_defer"] = True
+    if failed.get("merged_reads"):  # a Δ failed on its rows: every read merged by key
+        plan["merged_reads"] = True
     for key in ("limits", "parallelism"):
         plan[key] = {**fresh.get(key, {}), **failed.get(key, {})}
     # an MV whose creation began after the failed run was planned waits for the next

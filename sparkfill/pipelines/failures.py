@@ -49,12 +49,17 @@ class Failure:
 
 class RelationFailed(Exception):
     """Raised inside an epoch's run: ``rel``'s Δ raised an error of its rows (``rel``
-    None: one of the Δs written together at the epoch's end did, unattributed)."""
+    None: one of the Δs written together at the epoch's end did, unattributed).
+    ``guarded``: the rows were read so that no filter ran on a row no longer live
+    (a snapshot job's chunks): running the epoch again with every read merged by key
+    cannot pass it."""
 
-    def __init__(self, rel: Relation | None, cause: BaseException) -> None:
+    def __init__(self, rel: Relation | None, cause: BaseException,
+                 guarded: bool = False) -> None:
         super().__init__(f"{rel.name if rel else 'a deferred Δ'}: {cause}")
         self.rel = rel
         self.cause = cause
+        self.guarded = guarded
 
 
 def error_line(exc: BaseException) -> str:

@@ -374,8 +374,25 @@ class RelationStore:
         #: Spark jobs the epoch loop ran (a running count): every write, collect, count
         #: and broadcast of its reads and of the operators and scans above it adds here
         self.spark_jobs = 0
+        #: every read merges base and log in its own job (``merging_reads``)
+        self.merged_reads = False
 
     # --- tables ---------------------------------------------------------------------------
+
+    @contextmanager
+    def merging_reads(self, on: bool) -> Iterator[None]:
+        """With ``on``, every ``snapshot`` inside merges base and log in the read's own
+        job (a window over both), never by an anti-join of the base with the log's
+        keys: a filter put over the rows then runs above the merge, on live rows
+        only. Spark pushes a filter below an anti-join, so one that raises on a base
+        row the log replaced or deleted would fail a query whose live rows all pass;
+        an epoch whose query raised on its rows runs again so, before the MV is
+        counted failed (``Coordinator._isolate``)."""
+        previous, self.merged_reads = self.merged_reads, on
+        try:
+            yield
+        finally:
+            self.merged_reads = previous
 
     @contextmanager
     def reading_for(self, reader: str) -> Iterator[None]:
@@ -558,6 +575,7 @@ class RelationStore:
         key_ranges: Mapping[int, tuple[Any, Any]] | None = None,
         semi: DataFrame | None = None,
         narrow: str | None = None,
+        guarded: bool = False,
     ) -> DataFrame:
         """Live rows at ``epoch`` (columns + ``_vnode``), restricted to keys above
         ``after``, vnodes ``<= vnode_hi`` and vnodes in ``vnodes``; only the files
@@ -584,7 +602,11 @@ class RelationStore:
         every row the caller keeps passes: base rows that fail it are dropped as they
         are read, the rest merge with the whole log in the read's own job (one
         exchange of both: the log is read once, and no broadcast of its keys is a
-        job of its own), and the merged rows are filtered by it too."""
+        job of its own), and the merged rows are filtered by it too. ``guarded``: the
+        rows are a user's to query (``Engine.read``): where base rows not replaced by
+        the log are kept by an anti-join, they pass a filter Spark cannot push a
+        caller's filter below (it is not deterministic, though always true), so a
+        caller's filter never runs on a base row the log replaced or deleted."""
         files = self.files_at(rel, epoch) if files is None else list(files)
         base_epoch = compaction_epoch(files)
         if first_keys is not None:
@@ -627,13 +649,14 @@ class RelationStore:
             cond & _epochs_within(log, base_epoch, epoch))
         if semi is not None:
             log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
-        # a relation of few rows in its files merges in the read's own job too: a
-        # filter the caller puts over the rows then runs above the merge, never on a
-        # base row the log replaced (Spark pushes a filter below an anti-join, and a
-        # filter that raises on such a row, say a cast of a value deleted since the
-        # fold, would fail a query whose live rows all pass)
-        few = (few or where is not None or semi is not None or narrow is not None
-               or sum(f.rows for f in selected) <= LOCAL_WRITE_ROWS)
+        # a relation of few rows in its files merges in the read's own job too (and
+        # every relation, in an epoch run again with ``merging_reads``): a filter the
+        # caller puts over the rows then runs above the merge, never on a base row the
+        # log replaced (Spark pushes a filter below an anti-join, and a filter that
+        # raises on such a row, say a cast of a value deleted since the fold, would
+        # fail a query whose live rows all pass)
+        few = (few or self.merged_reads or where is not None or semi is not None
+               or narrow is not None or sum(f.rows for f in selected) <= LOCAL_WRITE_ROWS)
         if few and base:
             # few rows: the latest change per key over base and log, in the read's job
             log_df = base_rows.unionByName(log_df)
@@ -645,6 +668,8 @@ class RelationStore:
             return live
         unchanged = base_df.join(F.broadcast(latest.selectExpr(*names_sql(rel.key))),
                                  list(rel.key), "left_anti")
+        if guarded:
+            unchanged = unchanged.where(F.spark_partition_id() >= 0)
         self.spark_jobs += 1  # the broadcast, when the read runs
         return unchanged.unionByName(live)
 
