@@ -14,7 +14,8 @@ from sparkfill.pipelines.codegen import INTERPRETED_CONF, INTERPRETED_ROWS
 from sparkfill.storage import relation_store
 
 AGG = "SELECT g, count(*) AS n, sum(v) AS s, max(v) AS m FROM {src} GROUP BY g"
-COMPILED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+COMPILED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK",
+            "spark.sql.constraintPropagation.enabled": "true"}
 
 
 @pytest.fixture

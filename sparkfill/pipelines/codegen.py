@@ -26,10 +26,15 @@ __all__ = ["INTERPRETED_CONF", "INTERPRETED_ROWS", "Interpreted"]
 
 LOG = logging.getLogger(__name__)
 
-#: the settings under which Spark interprets a plan instead of compiling it
+#: the settings under which Spark interprets a plan instead of compiling it; and
+#: derives no constraints of its operators (``isnotnull`` filters inferred from a
+#: join's keys, filters pruned as implied): over a few thousand rows they save
+#: nothing, and deriving them over an epoch's plans is its optimizer's largest cost
+#: (``PruneFilters``, bench/RESULTS.md, stop 66)
 INTERPRETED_CONF: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.constraintPropagation.enabled": "false",
 }
 #: an epoch whose staged input holds fewer rows than this (and that runs no bulk
 #: work: no backfill, recompute or switch) is interpreted; below it, ``refresh =
