@@ -629,9 +629,9 @@ class EpochCoordinator:
     # --- execution ------------------------------------------------------------------------
 
     def execute(self, plan: dict[str, Any]) -> EpochReport:
+        # the session's settings back, and the store's reads as they were, always
         with Interpreted(self.spark) as codegen, \
                 self.store.merging_reads(bool(plan.get("merged_reads"))):
-            # the session's settings back, always
             return self._execute_epoch(plan, codegen)
 
     def _small_epoch(self, plan: dict[str, Any], batches: Sequence[StagedBatch]) -> bool:

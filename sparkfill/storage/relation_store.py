@@ -387,7 +387,7 @@ class RelationStore:
         only. Spark pushes a filter below an anti-join, so one that raises on a base
         row the log replaced or deleted would fail a query whose live rows all pass;
         an epoch whose query raised on its rows runs again so, before the MV is
-        counted failed (``Coordinator._isolate``)."""
+        counted failed (``EpochCoordinator._isolate``)."""
         previous, self.merged_reads = self.merged_reads, on
         try:
             yield
