@@ -603,7 +603,8 @@ class RelationStore:
         are read, the rest merge with the whole log in the read's own job (one
         exchange of both: the log is read once, and no broadcast of its keys is a
         job of its own), and the merged rows are filtered by it too. ``guarded``: the
-        rows are a user's to query (``Engine.read``): where base rows not replaced by
+        rows are for a query no epoch can run again merged by key (a user's read,
+        ``Engine.read``; a snapshot job's chunk): where base rows not replaced by
         the log are kept by an anti-join, they pass a filter Spark cannot push a
         caller's filter below (it is not deterministic, though always true), so a
         caller's filter never runs on a base row the log replaced or deleted."""
