@@ -45,7 +45,23 @@ class ConnectServer:
         self.log = workdir / "connect-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    #: starts tried: the port chosen free may be taken by another process (another
+    #: test worker's server or driver) before the server binds it
+    BIND_ATTEMPTS = 3
+
     def __enter__(self) -> ConnectServer:
+        for attempt in range(self.BIND_ATTEMPTS):
+            if attempt:
+                self.port = free_port()
+                self.url = f"sc://localhost:{self.port}"
+            if self._start():
+                return self
+        raise RuntimeError(f"the Spark Connect server found no free port in "
+                           f"{self.BIND_ATTEMPTS} attempts:\n{self._log_tail()}")
+
+    def _start(self) -> bool:
+        """Start the server on ``self.port``: True once it listens, False when the
+        port was taken before it bound it; any other failure raises."""
         spark_home = Path(pyspark.__file__).parent
         conf = {
             **SESSION_CONF,
@@ -72,11 +88,13 @@ class ConnectServer:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "java.net.BindException" in self._log_tail(lines=200):
+                    return False
                 raise RuntimeError(f"the Spark Connect server exited with {self.proc.returncode}:"
                                    f"\n{self._log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
+                    return True
             except OSError:
                 time.sleep(0.5)
         self.__exit__(None, None, None)
