@@ -50,6 +50,7 @@ from .planner import (
     split_top_n,
     union_branches,
 )
+from .probe_views import probing
 from .rewrite import rewrite_query
 from .sql_tree import ColumnsOf, conjuncts, has_star, set_from, sources_of
 
@@ -266,6 +267,13 @@ def plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: Colu
     nothing is created. A join of three or more relations has join-chain links; a
     top-N (``ORDER BY ... LIMIT``) reads a link holding the query without it.
     ``outermost``: the MV's own query (its unnamed outputs take Spark's names)."""
+    with probing(spark):  # one planning: each leaf schema's empty relation made once
+        return _plan_chain(spark, name, query, columns_of, resolve, outermost)
+
+
+def _plan_chain(spark: SparkSession, name: str, query: exp.Expr, columns_of: ColumnsOf,
+                resolve: Callable[[str], LeafInfo], outermost: bool,
+                ) -> tuple[list[tuple[ChainLink, PlannedMv]], PlannedMv]:
     if outermost:
         query = name_outputs(spark, query, resolve)
     rewritten = rewrite_query(query, columns_of)

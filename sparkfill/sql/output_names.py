@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from ..errors import SparkfillError
 from ..storage.schema import user_struct
+from .probe_views import probe_frame
 
 __all__ = ["name_outputs", "SOURCE_SQL"]
 
@@ -47,7 +48,7 @@ def _leaf_frame(spark: SparkSession, table: exp.Table,
     except SparkfillError:
         return None  # a CTE's name
     columns = [c for c in info.columns if not c.hidden]  # type: ignore[attr-defined]
-    return spark.createDataFrame([], user_struct(columns))
+    return probe_frame(spark, user_struct(columns))
 
 
 def _names_from_source(spark: SparkSession, query: exp.Expr,

@@ -21,7 +21,6 @@ Every shape this planner cannot maintain incrementally is refused with
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from sqlglot import exp
 
 from ..errors import DataError, SqlError, UnknownRelation, UnsupportedQuery
 from ..storage.schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
+from .probe_views import probe_frame, probe_view, probing
 from .rewrite import rewrite_query
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star
 
@@ -612,17 +612,15 @@ def _expand_stars(select: exp.Select, scope: _Scope) -> list[exp.Expr]:
 def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
              items: Sequence[exp.Expr], where: exp.Expr | None,
              group: Sequence[exp.Expr] | None = None, having: exp.Expr | None = None,
-             ) -> StructType:
+             planned: bool = True) -> StructType:
     """Spark's schema of ``SELECT items FROM leaves [JOIN] WHERE ...`` over empty
-    relations with the leaves' visible columns."""
-    views: list[str] = []
+    relations with the leaves' visible columns. ``planned``: the probe is planned too
+    (False for a probe whose every expression a planned probe of the same query
+    holds)."""
     tables: list[exp.Table] = []
-    try:
+    with probing(spark):
         for alias, info in scope.leaves:
-            view = f"__sf_plan_{uuid.uuid4().hex[:12]}"
-            spark.createDataFrame([], user_struct([c for c in info.columns if not c.hidden])) \
-                .createOrReplaceTempView(view)
-            views.append(view)
+            view = probe_view(spark, user_struct([c for c in info.columns if not c.hidden]))
             tables.append(exp.Table(this=exp.to_identifier(view),
                                     alias=exp.TableAlias(this=exp.to_identifier(alias))))
         # no items (a count(*) alone reads no column): probe a constant, for the errors
@@ -648,14 +646,11 @@ def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
         # fails Spark's query over every snapshot; refused here, with Spark's error
         # (running the probe over its empty relations raises it), not by the first
         # epoch that brings rows
-        explained = spark.sql(f"EXPLAIN {probe_sql}").collect()[0][0]
+        explained = spark.sql(f"EXPLAIN {probe_sql}").collect()[0][0] if planned else ""
         if str(explained).startswith("Error occurred during query planning"):
             probed.collect()
             raise DataError(f"the query cannot be planned: {str(explained)[:300]}")
         return schema if items else StructType([])
-    finally:
-        for view in views:
-            spark.catalog.dropTempView(view)
 
 
 def _column_of(name: str, type_string: str, nullable: bool, hidden: bool = False) -> Column:
@@ -729,7 +724,8 @@ def _join_spec(spark: SparkSession, scope: _Scope, select: exp.Select,
     # a common type per key pair, from Spark: both sides' JSON of equal keys is then equal
     probe_items = [exp.alias_(exp.Array(expressions=[a.copy(), b.copy()]), f"k{i}")
                    for i, (a, b) in enumerate(pairs)]
-    schema = _analyze(spark, scope, select, probe_items, None)
+    # the query's own probe (plan_materialized_view's, after this) plans its ON clause
+    schema = _analyze(spark, scope, select, probe_items, None, planned=False)
     left_exprs, right_exprs = [], []
     #: per side, its key columns each equated with a value of the other side by a cast
     #: that keeps its distinct values distinct
@@ -1092,7 +1088,7 @@ def _running_columns(spark: SparkSession, row_schema: StructType, group: Sequenc
     if aggs:  # SELECT DISTINCT has none: its groups' rows are all it keeps
         sums = [F.sum(F.col(arg)).alias(running_sum_column(name))
                 for name, kind, arg in running if kind == "avg"]
-        probe = spark.createDataFrame([], row_schema).groupBy(*group).agg(
+        probe = probe_frame(spark, row_schema).groupBy(*group).agg(
             *[F.expr(sql).alias(name) for name, sql in aggs], *sums).schema
         types = {f.name: f.dataType.simpleString() for f in probe.fields}
     cols = [Column(GROUP_ROWS, "bigint", False, hidden=True)]
@@ -1118,18 +1114,15 @@ def _plan_union(spark: SparkSession, query: exp.Union,
     one relation read twice) stay two rows.
     """
     selects = [b.unnest() if isinstance(b, exp.Subquery) else b for b in union_branches(query)]
-    scopes, items_of, probes, views = [], [], [], []
-    try:
+    scopes, items_of, probes = [], [], []
+    with probing(spark):
         for select in selects:
             assert isinstance(select, exp.Select)
             scope = _Scope(leaf_tables(select), resolve)
             scopes.append(scope)
             items_of.append(_expand_stars(select, scope))
             alias, info = scope.leaves[0]
-            view = f"__sf_plan_{uuid.uuid4().hex[:12]}"
-            spark.createDataFrame([], user_struct([c for c in info.columns if not c.hidden])) \
-                .createOrReplaceTempView(view)
-            views.append(view)
+            view = probe_view(spark, user_struct([c for c in info.columns if not c.hidden]))
             probe = exp.select(*[i.copy() for i in items_of[-1]]).from_(
                 exp.Table(this=exp.to_identifier(view),
                           alias=exp.TableAlias(this=exp.to_identifier(alias))))
@@ -1145,9 +1138,6 @@ def _plan_union(spark: SparkSession, query: exp.Union,
         except Exception as exc:  # noqa: BLE001 - Spark's analysis error, reworded
             raise SqlError(f"the branches of the UNION ALL do not fit together: "
                            f"{str(exc).splitlines()[0]}") from exc
-    finally:
-        for view in views:
-            spark.catalog.dropTempView(view)
     names = [f.name for f in schema.fields]
     _check_names(names)
     types = [f.dataType.simpleString() for f in schema.fields]
