@@ -46,15 +46,6 @@ SHELL := /bin/bash
 # (its last stdout line) and put $JAVA_HOME/bin first on PATH.
 WITH_JAVA = JAVA_HOME="$$(bash scripts/ensure_java.sh | tail -n 1)"; \
 	export JAVA_HOME; export PATH="$$JAVA_HOME/bin:$$PATH";
-# Prefix for the test recipes: every JVM the tests start (each worker's driver, Spark
-# Connect servers, crash drivers, a cluster's daemons and executors) compiles with the
-# client compiler alone. A test JVM runs many small, ever-different plans on two
-# shared cores, where the server compiler's threads cost more CPU than its faster code
-# saves (measured, bench/RESULTS.md "Stop 67": four test files on three workers, two
-# alternated pairs, 538 and 555 s with both compilers, 492 and 458 s with the client's;
-# one file in one process, 90 and 70 s against 65 and 54 s). The engine's own sessions
-# keep both. JVMs print "Picked up JAVA_TOOL_OPTIONS" on their standard error.
-TEST_JVM = export JAVA_TOOL_OPTIONS="$${JAVA_TOOL_OPTIONS:-} -XX:TieredStopAtLevel=1";
 
 .PHONY: demo test venv java lint bench bench-nexmark bench-tpcds torture clean distclean
 
@@ -64,8 +55,8 @@ demo: venv
 test: venv
 	@bash scripts/ensure_postgres.sh
 	@bash scripts/ensure_chromium.sh
-	@$(WITH_JAVA) $(TEST_JVM) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal -m "not extended" $(PYTEST_ARGS)
-	@$(WITH_JAVA) $(TEST_JVM) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -n 2 --dist worksteal \
+	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal -m "not extended" $(PYTEST_ARGS)
+	@$(WITH_JAVA) SPARKFILL_TEST_CONNECT=1 $(VPY) -m pytest -q -n 2 --dist worksteal \
 		-m "connect and not extended" $(PYTEST_ARGS) \
 		|| test $$? -eq 5  # 5: a -k filter left no test of the subset
 
@@ -103,12 +94,12 @@ bench-tpcds: venv
 
 torture: venv
 	@bash scripts/ensure_postgres.sh
-	@$(WITH_JAVA) $(TEST_JVM) $(VPY) tests/torture.py --seed $(SEED) --n $(N)
-	@$(WITH_JAVA) $(TEST_JVM) $(VPY) -m pytest -q -p no:xdist tests/test_damaged_files.py
-	@$(WITH_JAVA) $(TEST_JVM) SPARKFILL_TORTURE=1 $(VPY) -m pytest -q -s -p no:xdist tests/test_faults.py \
+	@$(WITH_JAVA) $(VPY) tests/torture.py --seed $(SEED) --n $(N)
+	@$(WITH_JAVA) $(VPY) -m pytest -q -p no:xdist tests/test_damaged_files.py
+	@$(WITH_JAVA) SPARKFILL_TORTURE=1 $(VPY) -m pytest -q -s -p no:xdist tests/test_faults.py \
 		tests/test_meta_postgres.py::test_postgres_meta_store_restarting_between_epochs
-	@$(WITH_JAVA) $(TEST_JVM) $(VPY) tests/durability.py --seed $(SEED) --sites $(SITES)
-	@$(WITH_JAVA) $(TEST_JVM) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal -m extended
+	@$(WITH_JAVA) $(VPY) tests/durability.py --seed $(SEED) --sites $(SITES)
+	@$(WITH_JAVA) $(VPY) -m pytest -q -n $(WORKERS) --dist worksteal -m extended
 
 clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
