@@ -42,7 +42,7 @@ from sqlglot import exp
 
 from ..errors import DataError, SqlError, UnknownRelation, UnsupportedQuery
 from ..storage.schema import HIDDEN_PREFIX, Column, normalize_type_name, user_struct
-from .probe_views import probe_frame, probe_view, probing
+from .probe_views import once, probe_frame, probe_view, probing
 from .rewrite import rewrite_query
 from .sql_tree import ColumnsOf, conjuncts, from_of, has_star
 
@@ -638,17 +638,18 @@ def _analyze(spark: SparkSession, scope: _Scope, select: exp.Select,
         if having is not None:
             probe = probe.having(having.copy())
         probe_sql = probe.sql(dialect="spark")
-        probed = spark.sql(probe_sql)
-        schema = probed.schema
+        schema = once(spark, probe_sql, lambda: spark.sql(probe_sql).schema)
         # planned too (EXPLAIN: no rows are computed, so no value of a row, such as a
         # count of 0 divided by, can fail it): planning folds constants, and one that
         # cannot be computed (a string that is no number where a number is needed)
         # fails Spark's query over every snapshot; refused here, with Spark's error
         # (running the probe over its empty relations raises it), not by the first
         # epoch that brings rows
-        explained = spark.sql(f"EXPLAIN {probe_sql}").collect()[0][0] if planned else ""
+        explain = f"EXPLAIN {probe_sql}"
+        explained = once(spark, explain, lambda: spark.sql(explain).collect()[0][0]) \
+            if planned else ""
         if str(explained).startswith("Error occurred during query planning"):
-            probed.collect()
+            spark.sql(probe_sql).collect()
             raise DataError(f"the query cannot be planned: {str(explained)[:300]}")
         return schema if items else StructType([])
 

@@ -4,7 +4,8 @@ Invariant: a probe view is a temporary view of an empty relation of exactly one
 schema (names, types and nullability); within one planning (``probing``, entered by
 the outermost ``plan_chain`` of a statement) each distinct schema has one view, made
 at its first probe, and every view is dropped when that planning ends, whether it
-succeeds or raises.
+succeeds or raises. Within a planning, a probe's text names its views, so one text is
+one result: each is computed once (``once``; a probe that raises is not kept).
 
 Planning a query analyses many small probes (a statement's every join, stage and key
 pair), each over its leaves' schemas. Made afresh for each probe, the empty relations
@@ -16,14 +17,15 @@ for about twenty distinct schemas.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-__all__ = ["probing", "probe_view", "probe_frame"]
+__all__ = ["probing", "probe_view", "probe_frame", "once"]
 
 
 class _ProbeViews:
@@ -33,6 +35,7 @@ class _ProbeViews:
         self.spark = spark
         self.frames: dict[str, DataFrame] = {}
         self.views: dict[str, str] = {}
+        self.results: dict[str, Any] = {}
 
     def frame(self, struct: StructType) -> DataFrame:
         key = struct.json()
@@ -55,7 +58,10 @@ class _ProbeViews:
             self.spark.catalog.dropTempView(name)
         self.views.clear()
         self.frames.clear()
+        self.results.clear()
 
+
+T = TypeVar("T")
 
 _CURRENT: ContextVar[_ProbeViews | None] = ContextVar("sparkfill_probe_views", default=None)
 
@@ -93,3 +99,16 @@ def probe_frame(spark: SparkSession, struct: StructType) -> DataFrame:
     if current is None or current.spark is not spark:
         return spark.createDataFrame([], struct)
     return current.frame(struct)
+
+
+def once(spark: SparkSession, probe_sql: str, compute: Callable[[], T]) -> T:
+    """``compute()``'s result for the probe ``probe_sql`` (a text over this scope's
+    views): computed at its first call in a ``probing`` scope and kept until the
+    scope ends (not kept when it raises: the next call raises again); outside a
+    scope, computed each time."""
+    current = _CURRENT.get()
+    if current is None or current.spark is not spark:
+        return compute()
+    if probe_sql not in current.results:
+        current.results[probe_sql] = compute()
+    return current.results[probe_sql]  # type: ignore[no-any-return]
