@@ -1,5 +1,5 @@
 """A planning's probe views: made once per schema, dropped when the planning ends,
-whether it succeeds or raises; the plans it makes equal those made view by view."""
+whether it succeeds or raises; an MV planned over shared views equals Spark's query."""
 
 from __future__ import annotations
 

@@ -11,15 +11,15 @@ query over empty relations of the same columns. Nothing else changes.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 from sqlglot import exp
 
 from ..errors import SparkfillError
 from ..storage.schema import user_struct
-from .probe_views import probe_frame
+from .probe_views import probe_frame, probe_view, probing
 
 __all__ = ["name_outputs", "SOURCE_SQL"]
 
@@ -37,18 +37,16 @@ def _unnamed(item: exp.Expr) -> bool:
     return not isinstance(item, exp.Alias | exp.Column | exp.Star)
 
 
-def _leaf_frame(spark: SparkSession, table: exp.Table,
-                resolve: Callable[[str], object]) -> DataFrame | None:
-    """An empty frame with the visible columns of the relation ``table`` names (None:
-    no relation of ours, such as a CTE's name or a table function)."""
+def _leaf_struct(table: exp.Table, resolve: Callable[[str], object]) -> StructType | None:
+    """The visible columns of the relation ``table`` names (None: no relation of
+    ours, such as a CTE's name or a table function)."""
     if isinstance(table.this, exp.Func) or table.args.get("db"):
         return None
     try:
         info = resolve(table.name)
     except SparkfillError:
         return None  # a CTE's name
-    columns = [c for c in info.columns if not c.hidden]  # type: ignore[attr-defined]
-    return probe_frame(spark, user_struct(columns))
+    return user_struct([c for c in info.columns if not c.hidden])  # type: ignore[attr-defined]
 
 
 def _names_from_source(spark: SparkSession, query: exp.Expr,
@@ -64,8 +62,8 @@ def _names_from_source(spark: SparkSession, query: exp.Expr,
     spans: list[tuple[int, int, str]] = []
     frames: dict[str, DataFrame] = {}
     for table in query.find_all(exp.Table):
-        frame = _leaf_frame(spark, table, resolve)
-        if frame is None:
+        struct = _leaf_struct(table, resolve)
+        if struct is None:
             continue
         position = table.this.meta if isinstance(table.this, exp.Identifier) else {}
         start, end = position.get("start"), position.get("end")
@@ -73,7 +71,7 @@ def _names_from_source(spark: SparkSession, query: exp.Expr,
                 text[start:end + 1].strip("`").lower() != table.name.lower():
             return None
         name = f"_sf_n{len(frames)}"
-        frames[name] = frame
+        frames[name] = probe_frame(spark, struct)
         # the relation's own name stays its alias, for the columns it qualifies
         alias = "" if table.alias else " AS `" + table.name.replace("`", "``") + "`"
         spans.append((start, end, "{" + name + "}" + alias))
@@ -95,24 +93,17 @@ def _names_from_tree(spark: SparkSession, query: exp.Expr,
     """Spark's output names of ``query`` as sqlglot writes it, over empty views of
     its relations (None: Spark refused it; the planner reports why)."""
     probe = query.copy()
-    views: list[str] = []
-    try:
+    with probing(spark):
         for table in list(probe.find_all(exp.Table)):
-            frame = _leaf_frame(spark, table, resolve)
-            if frame is None:
+            struct = _leaf_struct(table, resolve)
+            if struct is None:
                 continue
-            view = f"__sf_names_{uuid.uuid4().hex[:12]}"
-            frame.createOrReplaceTempView(view)
-            views.append(view)
             table.set("alias", exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
-            table.set("this", exp.to_identifier(view))
+            table.set("this", exp.to_identifier(probe_view(spark, struct)))
         try:
             return spark.sql(probe.sql(dialect="spark")).columns
         except Exception:  # noqa: BLE001 - the planner reports the query's own error
             return None
-    finally:
-        for view in views:
-            spark.catalog.dropTempView(view)
 
 
 def name_outputs(spark: SparkSession, query: exp.Expr,
