@@ -10,7 +10,11 @@ from sparkfill.sql import probe_views
 
 
 def _probe_views(spark) -> list[str]:
-    return [t.name for t in spark.catalog.listTables() if t.name.startswith("__sf_plan_")]
+    # SHOW VIEWS names the session's temporary views without resolving any table:
+    # catalog.listTables() describes every table, and fails on one another test of the
+    # shared session left behind
+    return [r.viewName for r in spark.sql("SHOW VIEWS").collect()
+            if r.viewName.startswith("__sf_plan_")]
 
 
 def test_probe_views_are_shared_per_schema_and_dropped_even_when_planning_fails(engine, spark,
