@@ -256,7 +256,7 @@ def main() -> int:
         print(f"Py4J round trips per epoch: {total_calls / n:,.0f} "
               f"({sum(calls.seconds.values()) / n:.2f} s with the counter's own cost, "
               "blocking job calls included)")
-        for where, k in calls.calls.most_common(20):
+        for where, k in calls.calls.most_common(40):
             print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
         if phases is not None:
             phases.report(n)

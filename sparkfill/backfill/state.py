@@ -27,11 +27,10 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 
 from ..dataflow.change import Change
-from ..dataflow.changelog import after_images, before_images
 from ..storage.catalog import Relation
 from ..storage.keyrange import Position
 from ..storage.meta_store import ProgressRow
-from ..storage.relation_store import RelationStore
+from ..storage.relation_store import IS_BEFORE, IS_LIVE, RelationStore
 from ..storage.schema import names_sql
 from ..storage.spark_files import ONE_TASK_ROWS
 
@@ -102,18 +101,20 @@ def leaf_change(upstream: Relation, delta_u: DataFrame | None,
     """
     if delta_u is None and chunk is None:
         return None
-    up_cols = [c.name for c in upstream.columns]
+    up_cols = names_sql([c.name for c in upstream.columns])
     fresh = None
     if chunk is not None:
         if delta_u is not None:
-            chunk = chunk.join(delta_u.select(*upstream.key).distinct(), list(upstream.key),
-                               "left_anti")
-        fresh = chunk.select(*up_cols)
+            chunk = chunk.join(delta_u.selectExpr(*names_sql(upstream.key)).distinct(),
+                               list(upstream.key), "left_anti")
+        fresh = chunk.selectExpr(*up_cols)
     if delta_u is None:
         assert fresh is not None
         return Change(None, fresh)
-    before = before_images(delta_u).where(covered_before).select(*up_cols)
-    return Change(before, after_images(delta_u).where(covered_after).select(*up_cols), fresh)
+    changes = delta_u  # the images' plans are built when a consumer reads them
+    return Change(lambda: changes.where(IS_BEFORE).where(covered_before).selectExpr(*up_cols),
+                  lambda: changes.where(IS_LIVE).where(covered_after).selectExpr(*up_cols),
+                  fresh)
 
 
 @dataclass(frozen=True)

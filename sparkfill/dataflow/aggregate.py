@@ -444,42 +444,48 @@ def values_by_extreme(spec: AggSpec, rows: DataFrame) -> DataFrame | None:
     types = {f.name: f.dataType for f in rows.schema.fields}
     if isinstance(types[by], T.FloatType | T.DoubleType):
         return None
-    first = [F.count(F.lit(1)).alias("_sf_c")]
-    second = [F.sum("_sf_c").alias(GROUP_ROWS)]
+    q = quoted
+    first = ["count(1) AS _sf_c"]
+    second = [f"sum(_sf_c) AS {GROUP_ROWS}"]
     for i, (name, kind, arg) in enumerate(running):
         part = f"_sf_p{i}"
-        x = F.col(arg) if arg else F.lit(1)
+        x = q(arg) if arg else "1"
         if kind in ("min", "max") and arg == by:
             # the second key's greatest (least) value, and its rows (NULLs are neither)
-            top, pick = (F.max, F.max_by) if kind == "max" else (F.min, F.min_by)
-            second += [top(by).alias(name),
-                       F.coalesce(pick("_sf_c", by), F.lit(0)).alias(running_ties_column(name))]
+            second += [f"{kind}({q(by)}) AS {q(name)}",
+                       f"coalesce({kind}_by(_sf_c, {q(by)}), 0) AS "
+                       f"{q(running_ties_column(name))}"]
             continue
         if kind in ("min", "max"):
-            top = F.max if kind == "max" else F.min
-            first.append(top(x).alias(part))
-            second.append(top(part).alias(name))
+            first.append(f"{kind}({x}) AS {part}")
+            second.append(f"{kind}({part}) AS {q(name)}")
             if (name, kind, arg) in leaf_extremes(spec):  # a group column's extreme
-                first.append(F.count(x).alias(f"{part}x"))
-                second.append(F.sum(f"{part}x").alias(running_ties_column(name)))
+                first.append(f"count({x}) AS {part}x")
+                second.append(f"sum({part}x) AS {q(running_ties_column(name))}")
         elif kind in ("count", "count_if"):
-            first.append((F.count(x) if kind == "count" else F.count_if(x)).alias(part))
-            second.append(F.sum(part).alias(name))
+            first.append(f"{kind}({x}) AS {part}")
+            second.append(f"sum({part}) AS {q(name)}")
         else:  # an exact sum, typed as one aggregation types it
             arg_type = types[arg]
             summed = (T.DecimalType(min(38, arg_type.precision + 10), arg_type.scale)
                       if isinstance(arg_type, T.DecimalType) else T.LongType())
-            first += [F.sum(x).alias(part), F.count(x).alias(f"{part}n")]
-            second += [F.sum(part).cast(summed).alias(name),
-                       F.sum(f"{part}n").alias(running_count_column(name))]
+            first += [f"sum({x}) AS {part}", f"count({x}) AS {part}n"]
+            second += [f"CAST(sum({part}) AS {summed.simpleString()}) AS {q(name)}",
+                       f"sum({part}n) AS {q(running_count_column(name))}"]
     # in ``with_ties``' order of columns
     order = [*spec.group, *[name for name, _ in spec.aggs], GROUP_ROWS,
              *[running_count_column(name) for name, kind, _ in running if kind == "sum"],
              *[running_ties_column(name) for name, _, arg in leaf_extremes(spec)
                if arg in spec.group],
              *[running_ties_column(name) for name, _, _ in ties]]
-    return (rows.groupBy(*spec.group, by).agg(*first)
-            .groupBy(*spec.group).agg(*second).select(*order))
+    # one statement (one analysis), not a chain of DataFrame calls
+    groups = names_sql(spec.group)
+    by_group = f" GROUP BY {', '.join(groups)}" if groups else ""
+    inner = (f"SELECT {', '.join([*groups, q(by), *first])} FROM {{_sf_input}}"
+             f" GROUP BY {', '.join([*groups, q(by)])}")
+    outer = f"SELECT {', '.join([*groups, *second])} FROM ({inner}){by_group}"
+    return sql_over(f"SELECT {', '.join(names_sql(order))} FROM ({outer})",
+                    {"_sf_input": rows})
 
 
 def grouped_values(spec: AggSpec, rows: DataFrame) -> DataFrame:

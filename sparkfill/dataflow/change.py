@@ -18,15 +18,20 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
-from ..storage.relation_store import IS_LIVE, Appended, retracts
+from ..storage.relation_store import IS_BEFORE, IS_LIVE, Appended, retracts
 from ..storage.schema import OP, names_sql
-from .changelog import after_images, before_images
+from .changelog import after_images
 
 __all__ = ["Change", "change_of", "Emit", "Deferred", "Unkept", "StateDelta", "may_retract",
            "WEIGHT", "signed", "net_change", "signed_changelog", "apply_delta", "HeldRows"]
 
 
-@dataclass
+#: a part of a change: its rows, or how to build their plan when first asked for
+#: (a consumer often reads only some parts: a signed change's images, say, and a
+#: plan not built costs the driver nothing)
+Part = DataFrame | Callable[[], DataFrame]
+
+
 class Change:
     """One epoch's change of a set of rows: ``before`` rows leave, ``after`` rows
     arrive (whole images, at most one per key on each side). ``before`` None: no row
@@ -39,12 +44,53 @@ class Change:
     came as such — a relation's changelog read once, or a join's terms — so a consumer
     that nets rows anyway (a join's bilinear terms, an MV's changelog) reads them once
     and pairs nothing first (``net_changelog``); summed per distinct row it is
-    ``before`` against ``after``."""
+    ``before`` against ``after``.
 
-    before: DataFrame | None
-    after: DataFrame
-    fresh: DataFrame | None = None
-    signed: DataFrame | None = None
+    ``before``, ``after`` and ``signed`` may be given as functions that build their
+    plans; each is built when first read, once, so the parts no consumer reads cost
+    nothing. Whether a part exists (``leaves``, ``has_signed``) is known without
+    building it."""
+
+    def __init__(self, before: Part | None, after: Part, fresh: DataFrame | None = None,
+                 signed: Part | None = None) -> None:
+        self._parts: dict[str, Part | None] = {
+            "before": before, "after": after, "signed": signed}
+        self.fresh = fresh
+
+    def _part(self, name: str) -> DataFrame | None:
+        part = self._parts[name]
+        if part is None or isinstance(part, DataFrame):
+            return part
+        built = self._parts[name] = part()
+        return built
+
+    @property
+    def before(self) -> DataFrame | None:
+        return self._part("before")
+
+    @property
+    def after(self) -> DataFrame:
+        after = self._part("after")
+        assert after is not None
+        return after
+
+    @property
+    def signed(self) -> DataFrame | None:
+        return self._part("signed")
+
+    @signed.setter
+    def signed(self, rows: Part | None) -> None:
+        self._parts["signed"] = rows
+
+    @property
+    def leaves(self) -> bool:
+        """Whether rows may leave (``before`` is not None), without building it."""
+        return self._parts["before"] is not None
+
+    @property
+    def has_signed(self) -> bool:
+        """Whether ``signed`` is not None, without building it."""
+        return self._parts["signed"] is not None
 
     def arrivals(self) -> DataFrame:
         """Every arriving row: ``after`` and ``fresh``."""
@@ -52,13 +98,23 @@ class Change:
 
     def mapped(self, f: Callable[[DataFrame], DataFrame]) -> Change:
         """This change with ``f`` (a row-wise map that keeps keys apart: a filter and
-        projection that keeps the key) applied to each part."""
-        return Change(None if self.before is None else f(self.before), f(self.after),
+        projection that keeps the key) applied to each part (each built when read)."""
+        return Change((lambda: f(_built(self.before))) if self.leaves else None,
+                      lambda: f(self.after),
                       None if self.fresh is None else f(self.fresh))
 
     def signed_rows(self) -> DataFrame | None:
         """``signed``, when nothing is beside it (no ``fresh`` rows)."""
         return self.signed if self.fresh is None else None
+
+    def has_signed_rows(self) -> bool:
+        """Whether ``signed_rows()`` is not None, without building it."""
+        return self.has_signed and self.fresh is None
+
+
+def _built(rows: DataFrame | None) -> DataFrame:
+    assert rows is not None
+    return rows
 
 
 @dataclass(frozen=True)
@@ -88,8 +144,9 @@ def change_of(delta: DataFrame | None, columns: Sequence[str],
     if delta is None:
         return None
     picked = names_sql(columns)
-    return Change(before_images(delta).selectExpr(*picked) if retracting else None,
-                  after_images(delta).selectExpr(*picked), signed=signed(delta, columns))
+    return Change((lambda: delta.where(IS_BEFORE).selectExpr(*picked)) if retracting else None,
+                  lambda: delta.where(IS_LIVE).selectExpr(*picked),
+                  signed=lambda: signed(delta, columns))
 
 
 @dataclass(frozen=True)

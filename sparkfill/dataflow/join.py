@@ -138,8 +138,8 @@ def join_change(store: RelationStore, plan: MvPlan, leaves: Sequence[Relation],
             # whole state
             looks_up = kept[1 - side] and states[1 - side].row_count > SCAN_ROWS and \
                 (rows_hint if leaf_rows is None else leaf_rows[side]) <= KEY_VALUES
-            written.append(keyed_unkept(store, delta, JOIN_KEY, change.before is not None)
-                           if looks_up else Unkept(delta, change.before is not None))
+            written.append(keyed_unkept(store, delta, JOIN_KEY, change.leaves)
+                           if looks_up else Unkept(delta, change.leaves))
             continue
         # an inner join looks up the other side's state by this side's keys: a small
         # one (or a side not kept, read whole) is read whole, so this side's append may

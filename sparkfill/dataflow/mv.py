@@ -131,7 +131,7 @@ class MvDataflow:
             return result
         if plan.agg is None:
             if rows is not None:
-                if rows.before is not None and (signed_rows := rows.signed_rows()) is not None:
+                if rows.leaves and (signed_rows := rows.signed_rows()) is not None:
                     # the change as signed rows (a leaf's changelog read once, or a join's
                     # terms), netted per row and paired per key in one exchange (none
                     # for a small change, read as one partition)
@@ -143,7 +143,7 @@ class MvDataflow:
                     result.delta = consolidate(picked.before, picked.after, names, mv.key,
                                                fresh=picked.fresh)
                 result.as_read = _as_read(mv, leaves, changes, rows, initial)
-                result.inserts = rows.before is None
+                result.inserts = not rows.leaves
             return result
         if rows is not None and aggregate.keeps_input(plan.agg):
             # a running or a global aggregate reads its state whole when the Δ's keys
@@ -227,8 +227,8 @@ class MvDataflow:
         else:
             delta = self._stage_delta(plan, state, rows)
         if rows_hint <= LOCAL_WRITE_ROWS and mv.row_count > SCAN_ROWS:
-            return keyed_unkept(self.store, delta, GROUP_OF_ROW, rows.before is not None)
-        return Unkept(delta, rows.before is not None)
+            return keyed_unkept(self.store, delta, GROUP_OF_ROW, rows.leaves)
+        return Unkept(delta, rows.leaves)
 
 
 def _as_read(mv: Relation, leaves: Sequence[Relation], changes: Sequence[Change | None],
@@ -240,9 +240,9 @@ def _as_read(mv: Relation, leaves: Sequence[Relation], changes: Sequence[Change 
     join whose other side is small (broadcast to the chunk's partitions), the one
     leaf that changed or, in a first fill, the large one (the other side's chunk
     meets the large one's rows as read)."""
-    if rows.before is not None and rows.fresh is None:
+    if rows.leaves and rows.fresh is None:
         return False
-    if any(c is not None and c.signed is not None for c in changes):
+    if any(c is not None and c.has_signed for c in changes):
         # a leaf's changelog read back from its log: its partitions are the read's
         # packing of the log's files, not a few contiguous vnodes each
         return False

@@ -53,9 +53,15 @@ def row_change(plan: MvPlan, change: Change | None) -> Change | None:
     if change is None:
         return None
     rows = change.mapped(lambda rows: project(plan, [rows]))
-    if (signed := change.signed_rows()) is not None:
-        rows.signed = project(plan, [signed], keep=[WEIGHT])
+    if change.has_signed_rows():
+        rows.signed = lambda: project(plan, [_signed_rows(change)], keep=[WEIGHT])
     return rows
+
+
+def _signed_rows(change: Change) -> DataFrame:
+    signed = change.signed_rows()
+    assert signed is not None
+    return signed
 
 
 def keeps_leaf_vnodes(mv: Relation, leaves: Sequence[Relation], side: int = 0) -> bool:

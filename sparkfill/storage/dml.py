@@ -44,7 +44,7 @@ from pyspark.sql import types as T
 from ..dataflow.changelog import consolidate
 from ..errors import DataError, UnknownColumn
 from .catalog import Relation
-from .keyrange import values_in
+from .keyrange import values_in_sql
 from .meta_store import MetaStore, StagedBatch
 from .relation_store import (
     KEY_VALUES,
@@ -484,20 +484,23 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
     staged, files, single = _read_staged(spark, store.warehouse, rel, batches)
     placed = None if before else store.place_by_vnode_range(
         staged.withColumn(VNODE, F.expr(vnode_sql([quoted(k) for k in key]))), rows)
-    by_key = [F.col(quoted(k)) for k in key]
+    by_key = names_sql(key)
     if placed is not None:
         staged = placed[0]
-        by_key = [F.expr(placed[1]), *by_key]
+        by_key = [placed[1], *by_key]
     updated = [updated_at(b.path) for b in batches]
+    upsert = f"{KIND} = {UPSERT!r}"
     if len(batches) == 1 and updated[0] is not None:
-        latest = staged  # an UPDATE's rows alone: each key once
+        # an UPDATE's rows alone: each key once
+        new = staged.where(upsert).selectExpr(*names_sql(cols))
     else:
-        order = Window.partitionBy(*by_key).orderBy(F.col(SEQ).desc(), F.col(IDX).desc())
-        latest = (staged.withColumn("_sf_rn", F.row_number().over(order))
-                  .where(F.col("_sf_rn") == 1).drop("_sf_rn"))
+        # each key's last staged row (call order: sequence, then position in its call)
+        rank = (f"row_number() OVER (PARTITION BY {', '.join(by_key)} "
+                f"ORDER BY {SEQ} DESC, {IDX} DESC) AS _sf_rn")
+        new = staged.selectExpr("*", rank).where(f"_sf_rn = 1 AND {upsert}").selectExpr(
+            *names_sql(cols))
     # an UPDATE of every row at ``prev_epoch`` touched every key: none is left as it was
     every_key = (prev_epoch, True) in updated
-    new = latest.where(F.col(KIND) == UPSERT).selectExpr(*names_sql(cols))
     if rel.proctime is not None:
         if proctime_us is None:
             raise ValueError(f"table {rel.name!r} has a processing-time column: the epoch's "
@@ -611,14 +614,14 @@ def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch
         # semi-join would shuffle about the whole table; the snapshot merges by a
         # broadcast of its log's keys, and the batch's keys keep its rows after (below)
     if first_keys is not None and len(key) == 1 and len(first_keys) <= KEY_VALUES \
-            and values_in(key[0], first_keys) is not None:
+            and values_in_sql(key[0], first_keys) is not None:
         # the keys are known on the driver: a filter of the lookup, no broadcast job
         return store.lookup(rel.stored, prev_epoch, first_keys, vnodes=vnodes,
                             first_keys=first_keys, files=before).selectExpr(*names_sql(cols))
     store.spark_jobs += 1  # the broadcast of the keys
     # a key of several columns: its first column's values, when known, filter the read
     # (and let base files with keyed copies be read through them) before the join
-    where = (values_in(key[0], first_keys) if first_keys is not None
+    where = (values_in_sql(key[0], first_keys) if first_keys is not None
              and len(first_keys) <= KEY_VALUES else None)
     return store.snapshot(rel.stored, prev_epoch, vnodes=vnodes, first_keys=first_keys,
                           vnode_rows=False, files=before, where=where,

@@ -27,7 +27,7 @@ from .schema import (
 
 __all__ = [
     "Position", "END", "le", "gt", "between", "position_struct", "key_struct", "covered",
-    "LAST_VNODE", "values_in", "sql_literal",
+    "LAST_VNODE", "values_in", "values_in_sql", "sql_literal", "vnode_in", "vnode_in_sql",
 ]
 
 LAST_VNODE = VNODE_COUNT - 1
@@ -91,7 +91,7 @@ def _covered_sql(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
     """``covered`` as one SQL expression (None: a key value has no literal form here).
     Built as text, it costs the driver one round trip to Spark, where the same
     expression built from Columns costs several per vnode in progress."""
-    parts = [_vnode_in_sql(done)] if done else []
+    parts = [vnode_in_sql(done)] if done else []
     if positions:
         entries = []
         for v, key in sorted(positions.items()):
@@ -105,7 +105,7 @@ def _covered_sql(done: Sequence[int], positions: dict[int, tuple[Any, ...]],
         row = ", ".join(f"'k{i}', CAST({comparable_key_sql(c.name, c.type)} AS "
                         f"{_comparable_type(c)})"
                         for i, c in enumerate(key_columns))
-        parts.append(f"({_vnode_in_sql(sorted(positions))} AND named_struct({row}) <= "
+        parts.append(f"({vnode_in_sql(sorted(positions))} AND named_struct({row}) <= "
                      f"element_at(map({', '.join(entries)}), {VNODE}))")
     return " OR ".join(f"({p})" for p in parts) if parts else "FALSE"
 
@@ -140,22 +140,28 @@ def sql_literal(value: Any) -> str | None:
     return None
 
 
-def values_in(column: str, values: Sequence[Any]) -> SparkColumn | None:
-    """``column IN (values...)`` as one SQL expression, the values as literals (None:
-    a value has no literal form here, or there are none: filter another way)."""
+def values_in_sql(column: str, values: Sequence[Any]) -> str | None:
+    """``column IN (values...)`` as SQL text, the values as literals (None: a value
+    has no literal form here, or there are none: filter another way)."""
     literals = [sql_literal(v) for v in values]
     if not literals or any(lit is None for lit in literals):
         return None
-    return F.expr(f"`{column}` IN ({', '.join(str(lit) for lit in literals)})")
+    return f"`{column}` IN ({', '.join(str(lit) for lit in literals)})"
 
 
-def _vnode_in_sql(vnodes: Sequence[int]) -> str:
+def values_in(column: str, values: Sequence[Any]) -> SparkColumn | None:
+    """``values_in_sql`` as a Column."""
+    text = values_in_sql(column, values)
+    return None if text is None else F.expr(text)
+
+
+def vnode_in_sql(vnodes: Sequence[int]) -> str:
     return f"{VNODE} IN ({', '.join(str(int(v)) for v in vnodes)})"
 
 
 def vnode_in(vnodes: Sequence[int]) -> SparkColumn:
     """``_vnode IN (...)`` as one SQL expression (not one driver round trip per value)."""
-    return F.expr(_vnode_in_sql(vnodes))
+    return F.expr(vnode_in_sql(vnodes))
 
 
 def le(pos: Position | None, key_columns: Sequence[Column]) -> SparkColumn:

@@ -70,7 +70,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from ..errors import DamagedFile
 from . import object_files
-from .keyrange import Position, gt, values_in, vnode_in
+from .keyrange import Position, gt, values_in_sql, vnode_in_sql
 from .lru import LruCache
 from .meta_store import MetaStore
 from .object_files import arrow_file_stats
@@ -566,7 +566,7 @@ class RelationStore:
         vnodes: Sequence[int] | None = None,
         files: Sequence[DataFile] | None = None,
         first_keys: Sequence[Any] | None = None,
-        where: SparkColumn | None = None,
+        where: SparkColumn | str | None = None,
         vnode_rows: bool = True,
         few: bool = False,
         bulk: bool = False,
@@ -617,9 +617,12 @@ class RelationStore:
         lo_v = after.vnode if after is not None else 0
         hi_v = vnode_hi if vnode_hi is not None else 255
         selected = [f for f in files if f.vnode_max >= lo_v and f.vnode_min <= hi_v]
-        cond = gt(after, rel.key_columns)
+        # the rows' filter: SQL texts (one ``where`` for all of them) and Columns
+        conds: list[str | SparkColumn] = []
+        if after is not None:
+            conds.append(gt(after, rel.key_columns))
         if vnode_hi is not None:
-            cond = cond & (F.col(VNODE) <= F.lit(vnode_hi))
+            conds.append(f"{VNODE} <= {int(vnode_hi)}")
         within = VnodeSpan(lo_v, hi_v, None)
         if vnodes is not None:
             wanted = sorted(set(vnodes))
@@ -628,26 +631,25 @@ class RelationStore:
             # a lookup's keys already keep only rows of their vnodes; the filter is
             # for Spark to skip the row groups of other vnodes in a file of several
             if vnode_rows or not wanted or any(self._grouped(f) for f in selected):
-                cond = cond & (vnode_in(wanted) if wanted else F.lit(False))
+                conds.append(vnode_in_sql(wanted) if wanted else "FALSE")
         if where is not None:
-            cond = cond & where
-        out_cols = [*rel.column_names, VNODE]
+            conds.append(where)
+        out_cols = names_sql([*rel.column_names, VNODE])
         base = [f for f in selected if f.kind == "base"]
         log = [f for f in selected if f.kind == "log"]
         keyed = (self._read_keyed(rel, base, keys, key_vnodes)
                  if keys is not None and base else None)
-        base_rows = (keyed if keyed is not None
-                     else self._read(rel, base, bulk, within)).where(cond)
-        if narrow is not None:
-            base_rows = base_rows.where(narrow)
+        base_rows = _filtered(keyed if keyed is not None
+                              else self._read(rel, base, bulk, within),
+                              [*conds, *([narrow] if narrow is not None else [])])
         if semi is not None:
             self.spark_jobs += 1  # the keys' broadcast, when the read runs
             base_rows = base_rows.join(F.broadcast(semi), list(rel.key), "left_semi")
-        base_df = base_rows.selectExpr(*names_sql(out_cols))
         if not log:
-            return base_df
-        log_df = self._read(rel, log, bulk, within).where(
-            cond & _epochs_within(log, base_epoch, epoch))
+            return base_rows.selectExpr(*out_cols)
+        epochs = _epochs_within(log, base_epoch, epoch)
+        log_df = _filtered(self._read(rel, log, bulk, within),
+                           [*conds, *([epochs] if epochs is not None else [])])
         if semi is not None:
             log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
         # a relation of few rows in its files merges in the read's own job too (and
@@ -658,21 +660,21 @@ class RelationStore:
         # fail a query whose live rows all pass)
         few = (few or self.merged_reads or where is not None or semi is not None
                or narrow is not None or sum(f.rows for f in selected) <= LOCAL_WRITE_ROWS)
-        if few and base:
-            # few rows: the latest change per key over base and log, in the read's job
-            log_df = base_rows.unionByName(log_df)
-        latest = latest_per_key(log_df, list(rel.key))
-        live = latest.where(IS_LIVE).selectExpr(*names_sql(out_cols))
-        if narrow is not None:
-            live = live.where(narrow)
+        merged = base_rows.unionByName(log_df) if few and base else log_df
+        # the latest change per key (over base and log when few), kept where live
+        live = latest_per_key(merged, list(rel.key),
+                              IS_LIVE if narrow is None else f"{IS_LIVE} AND ({narrow})",
+                              out_cols)
         if not base or few:
             return live
-        unchanged = base_df.join(F.broadcast(latest.selectExpr(*names_sql(rel.key))),
-                                 list(rel.key), "left_anti")
+        # the base rows the log did not replace: an anti-join with the log's keys (the
+        # keys its latest rows hold)
+        unchanged = base_rows.join(F.broadcast(log_df.selectExpr(*names_sql(rel.key))),
+                                   list(rel.key), "left_anti")
         if guarded:
-            unchanged = unchanged.where(F.spark_partition_id() >= 0)
+            unchanged = unchanged.where("spark_partition_id() >= 0")
         self.spark_jobs += 1  # the broadcast, when the read runs
-        return unchanged.unionByName(live)
+        return unchanged.selectExpr(*out_cols).unionByName(live)
 
     def lookup(self, rel: StoredRelation, epoch: int, keys: Sequence[Any] | DataFrame,
                vnodes: Sequence[int] | None = None,
@@ -686,7 +688,7 @@ class RelationStore:
         if not isinstance(keys, DataFrame):
             if not keys:
                 return self.snapshot(rel, epoch, files=[])
-            where = values_in(column, keys)
+            where = values_in_sql(column, keys)
             if where is not None:
                 return self.snapshot(rel, epoch, vnodes=vnodes, first_keys=first_keys,
                                      where=where, vnode_rows=False, files=files, keys=keys)
@@ -790,7 +792,8 @@ class RelationStore:
         """Log rows with ``after_epoch < _epoch <= upto_epoch`` (the log store)."""
         files = [f for f in self.files_at(rel, upto_epoch)
                  if f.kind == "log" and f.epoch_max > after_epoch and f.epoch_min <= upto_epoch]
-        return self._read(rel, files).where(_epochs_within(files, after_epoch, upto_epoch))
+        epochs = _epochs_within(files, after_epoch, upto_epoch)
+        return _filtered(self._read(rel, files), [epochs] if epochs is not None else [])
 
     def estimate_rows_by_vnode(self, rel: StoredRelation, epoch: int,
                                live_rows: int | None = None) -> list[float]:
@@ -1476,12 +1479,28 @@ def _is_base_of(files: Sequence[DataFile], epoch: int, live_rows: int) -> bool:
             and sum(f.rows for f in files) == live_rows)
 
 
-def latest_per_key(log_df: DataFrame, key: list[str]) -> DataFrame:
-    """The last change of each key: highest epoch, and ``U+`` after ``U-``."""
+def latest_per_key(log_df: DataFrame, key: list[str], where: str | None = None,
+                   columns: Sequence[str] | None = None) -> DataFrame:
+    """The last change of each key: highest epoch, and ``U+`` after ``U-``; only those
+    that pass ``where`` (SQL), as the SQL texts ``columns`` (all: None)."""
     order = f"{EPOCH} DESC, CASE WHEN {OP} = 'U-' THEN 0 ELSE 1 END DESC"
     rank = (f"row_number() OVER (PARTITION BY {', '.join(names_sql(key))} ORDER BY {order})"
             " AS _sf_rn")
-    return log_df.selectExpr("*", rank).where("_sf_rn = 1").drop("_sf_rn")
+    latest = log_df.selectExpr("*", rank).where(
+        "_sf_rn = 1" if where is None else f"_sf_rn = 1 AND ({where})")
+    return latest.drop("_sf_rn") if columns is None else latest.selectExpr(*columns)
+
+
+def _filtered(df: DataFrame, conds: Sequence[str | SparkColumn]) -> DataFrame:
+    """``df`` where every one of ``conds`` holds: the SQL texts as one ``where`` (one
+    driver call, one analysis), then each Column."""
+    texts = [c for c in conds if isinstance(c, str)]
+    if texts:
+        df = df.where(" AND ".join(f"({t})" for t in texts))
+    for cond in conds:
+        if not isinstance(cond, str):
+            df = df.where(cond)
+    return df
 
 
 def delta_metrics(key_column: str | None = None,
@@ -1536,13 +1555,13 @@ def _observed(values: dict[str, Any]) -> Observed:
                     None if count is None else int(count))
 
 
-def _epochs_within(files: Sequence[DataFile], after: int, upto: int) -> SparkColumn:
-    """The filter that keeps the log rows of ``files`` with ``after < _epoch <= upto``:
-    none when the files' statistics already bound their epochs so (a literal that
-    changes every epoch would be compiled into new code every epoch)."""
+def _epochs_within(files: Sequence[DataFile], after: int, upto: int) -> str | None:
+    """The filter (SQL) that keeps the log rows of ``files`` with ``after < _epoch <=
+    upto``: none when the files' statistics already bound their epochs so (a literal
+    that changes every epoch would be compiled into new code every epoch)."""
     if all(after < f.epoch_min and f.epoch_max <= upto for f in files):
-        return F.lit(True)
-    return (F.col(EPOCH) > F.lit(after)) & (F.col(EPOCH) <= F.lit(upto))
+        return None
+    return f"{EPOCH} > {int(after)} AND {EPOCH} <= {int(upto)}"
 
 
 def _collected_fields(rel: StoredRelation) -> list[T.StructField]:
