@@ -47,7 +47,6 @@ from .change import HeldRows, StateDelta, apply_delta, may_retract
 from .changelog import AFTER, BEFORE, changelog_sql, consolidate, image_sql
 from .keys import (
     SCAN_ROWS,
-    group_json,
     group_json_sql,
     normalized_sql,
     read_touched,
@@ -114,8 +113,10 @@ def agg_input_rows(plan: MvPlan, agg_state: Relation, rows: DataFrame,
     the columns ``keep``)."""
     assert plan.agg is not None
     types = {c.name: c.type for c in agg_state.columns}
-    return rows.withColumn(GROUP_OF_ROW, group_json(plan.agg.group, types)).select(
-        *[c.name for c in agg_state.columns], *keep)
+    group = group_json_sql(plan.agg.group, types)
+    return rows.selectExpr(*[f"{group} AS {quoted(c.name)}" if c.name == GROUP_OF_ROW
+                             else quoted(c.name) for c in agg_state.columns],
+                           *names_sql(keep))
 
 
 def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state: Relation,

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ..storage.catalog import Relation
 from ..storage.relation_store import IS_BEFORE, IS_LIVE, Appended, retracts
 from ..storage.schema import OP, names_sql
 from .changelog import after_images
+from .statement import sql_over
 
 __all__ = ["Change", "change_of", "Emit", "Deferred", "Unkept", "StateDelta", "may_retract",
            "WEIGHT", "signed", "net_change", "signed_changelog", "apply_delta", "HeldRows"]
@@ -214,10 +214,12 @@ def signed(delta: DataFrame, columns: Sequence[str]) -> DataFrame:
 def net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
     """A signed change summed per distinct row: what remains with weight -1 leaves,
     with +1 arrives (a set-keyed relation's change nets to -1, 0 or +1 per row)."""
-    net = rows.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
     picked = names_sql(columns)
-    return Change(net.where(F.col(WEIGHT) < 0).selectExpr(*picked),
-                  net.where(F.col(WEIGHT) > 0).selectExpr(*picked), signed=rows)
+    net = sql_over(f"SELECT {', '.join(picked)}, sum({WEIGHT}) AS {WEIGHT} FROM {{_sf_signed}}"
+                   f" GROUP BY {', '.join(picked)} HAVING sum({WEIGHT}) <> 0",
+                   {"_sf_signed": rows})
+    return Change(lambda: net.where(f"{WEIGHT} < 0").selectExpr(*picked),
+                  lambda: net.where(f"{WEIGHT} > 0").selectExpr(*picked), signed=rows)
 
 
 def signed_changelog(rows: DataFrame, columns: Sequence[str]) -> DataFrame:

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..sql.planner import JOIN_KEY, MvPlan
 from ..storage.catalog import Relation
 from ..storage.relation_store import KEY_VALUES, Appended, DataFile, RelationStore
-from ..storage.schema import names_sql
+from ..storage.schema import names_sql, quoted
 from ..storage.spark_files import ONE_TASK_ROWS
 from .change import (
     WEIGHT,
@@ -56,10 +55,12 @@ from .project import project
 __all__ = ["side_rows", "kept_sides", "born_unkept", "join_change", "inner_join_change"]
 
 
-def _json_key(columns: Sequence[SparkColumn]) -> SparkColumn:
-    if not columns:
-        return F.lit("{}")
-    return F.to_json(F.struct(*[c.alias(f"k{i}") for i, c in enumerate(columns)]))
+def _json_key_sql(exprs: Sequence[str]) -> str:
+    """The join key's values (SQL texts) as JSON, as SQL text."""
+    if not exprs:
+        return "'{}'"
+    fields = ", ".join(f"'k{i}', {e}" for i, e in enumerate(exprs))
+    return f"to_json(named_struct({fields}))"
 
 
 def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation,
@@ -68,12 +69,12 @@ def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation,
     the columns ``keep``): the rows the WHERE's conjuncts over this side alone pass
     (``JoinSpec.side_filters``)."""
     assert plan.join is not None
-    exprs = [F.expr(e) for e in plan.join.key_exprs[side]]
     kept = plan.join.side_filters[side]
     if kept:
-        rows = rows.where(F.expr(kept))
-    return rows.withColumn(JOIN_KEY, _json_key(exprs)).select(
-        *[c.name for c in state.columns], *keep)
+        rows = rows.where(kept)
+    key = _json_key_sql(plan.join.key_exprs[side])
+    return rows.selectExpr(*[f"{key} AS {quoted(c.name)}" if c.name == JOIN_KEY
+                             else quoted(c.name) for c in state.columns], *names_sql(keep))
 
 
 def _files_before(store: RelationStore, states: Sequence[Relation],

@@ -22,7 +22,7 @@ from ..storage.schema import quoted, vnode_expr
 from .change import Deferred, StateDelta, Unkept
 from .changelog import union_all
 
-__all__ = ["normalized_sql", "normalized", "group_json_sql", "group_json",
+__all__ = ["normalized_sql", "normalized", "group_json_sql",
            "touched_partitions", "keyed_unkept", "read_touched", "SCAN_ROWS"]
 
 #: a relation of at most this many rows is read whole where a lookup by the keys of
@@ -50,10 +50,6 @@ def group_json_sql(group: Sequence[str], types: dict[str, str]) -> str:
         return "'{}'"
     fields = ", ".join(f"'k{i}', {normalized_sql(g, types)}" for i, g in enumerate(group))
     return f"to_json(named_struct({fields}))"
-
-
-def group_json(group: Sequence[str], types: dict[str, str]) -> SparkColumn:
-    return F.expr(group_json_sql(group, types))
 
 
 def touched_partitions(written: Sequence[Appended | Unkept], column: str,

@@ -26,7 +26,7 @@ def filter_project(df: DataFrame, where: str | None,
                    rows: Sequence[tuple[str, str]], keep: Sequence[str] = ()) -> DataFrame:
     """``SELECT sql AS name, ..., keep FROM df [WHERE where]`` from a plan's strings."""
     if where:
-        df = df.where(F.expr(where))
+        df = df.where(where)
     return df.selectExpr(*[f"{sql} AS {quoted(name)}" for name, sql in rows],
                          *names_sql(keep))
 
