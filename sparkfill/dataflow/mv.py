@@ -134,10 +134,10 @@ class MvDataflow:
                 if rows.leaves and (signed_rows := rows.signed_rows()) is not None:
                     # the change as signed rows (a leaf's changelog read once, or a join's
                     # terms), netted per row and paired per key in one exchange (none
-                    # for a small change, read as one partition)
-                    result.delta = net_changelog(
-                        signed_rows.selectExpr(*names_sql(names), WEIGHT), names, mv.key,
-                        WEIGHT, spread=rows_hint > ONE_TASK_ROWS)
+                    # for a small change, read as one partition; the statement reads
+                    # the MV's columns and the weight by name)
+                    result.delta = net_changelog(signed_rows, names, mv.key, WEIGHT,
+                                                 spread=rows_hint > ONE_TASK_ROWS)
                 else:
                     picked = rows.mapped(lambda part: part.selectExpr(*names_sql(names)))
                     result.delta = consolidate(picked.before, picked.after, names, mv.key,

@@ -68,6 +68,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from ..dataflow.statement import sql_over
 from ..errors import DamagedFile
 from . import object_files
 from .keyrange import Position, gt, values_in_sql, vnode_in_sql
@@ -880,10 +881,12 @@ class RelationStore:
     def _arrow_rows(self, rel: StoredRelation, df: DataFrame, epoch: int) -> pa.Table:
         """A small changelog's rows on the driver as Arrow, in ``rel``'s physical schema
         with ``_epoch`` = ``epoch`` (one Spark job)."""
-        fields = _collected_fields(rel)
-        table = df.selectExpr(*[cast_sql(f) for f in fields]).toArrow()
+        # the row as one struct (one SQL text: a classic session sends a list of
+        # them one element per round trip), its fields made columns on the driver
+        casts = ", ".join(cast_sql(f) for f in _collected_fields(rel))
+        rows = df.selectExpr(f"struct({casts}) AS _sf_row").toArrow()
         self.spark_jobs += 1
-        return _with_epoch(table, epoch)
+        return _with_epoch(pa.Table.from_struct_array(rows["_sf_row"]), epoch)
 
     def _arrow_rows_many(self, parts: Sequence[tuple[StoredRelation, DataFrame]], epoch: int,
                          ) -> list[pa.Table]:
@@ -1479,16 +1482,15 @@ def _is_base_of(files: Sequence[DataFile], epoch: int, live_rows: int) -> bool:
             and sum(f.rows for f in files) == live_rows)
 
 
-def latest_per_key(log_df: DataFrame, key: list[str], where: str | None = None,
-                   columns: Sequence[str] | None = None) -> DataFrame:
-    """The last change of each key: highest epoch, and ``U+`` after ``U-``; only those
-    that pass ``where`` (SQL), as the SQL texts ``columns`` (all: None)."""
+def latest_per_key(log_df: DataFrame, key: list[str], where: str,
+                   columns: Sequence[str]) -> DataFrame:
+    """The last change of each key (highest epoch, and ``U+`` after ``U-``) where it
+    passes ``where``, as the SQL texts ``columns``: one statement (one analysis)."""
     order = f"{EPOCH} DESC, CASE WHEN {OP} = 'U-' THEN 0 ELSE 1 END DESC"
     rank = (f"row_number() OVER (PARTITION BY {', '.join(names_sql(key))} ORDER BY {order})"
             " AS _sf_rn")
-    latest = log_df.selectExpr("*", rank).where(
-        "_sf_rn = 1" if where is None else f"_sf_rn = 1 AND ({where})")
-    return latest.drop("_sf_rn") if columns is None else latest.selectExpr(*columns)
+    return sql_over(f"SELECT {', '.join(columns)} FROM (SELECT *, {rank} FROM {{_sf_log}})"
+                    f" WHERE _sf_rn = 1 AND ({where})", {"_sf_log": log_df})
 
 
 def _filtered(df: DataFrame, conds: Sequence[str | SparkColumn]) -> DataFrame:
