@@ -17,7 +17,7 @@ from ..storage.relation_store import IS_BEFORE, IS_LIVE
 from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
 from .statement import sql_over
 
-__all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER", "before_images",
+__all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER",
            "after_images", "net_changelog", "touched_keys", "span_change", "union_all",
            "image_sql", "changelog_sql"]
 
@@ -28,11 +28,6 @@ def union_all(parts: Sequence[DataFrame]) -> DataFrame:
     for part in parts[1:]:
         out = out.unionByName(part)
     return out
-
-
-def before_images(delta: DataFrame) -> DataFrame:
-    """Rows as they were before the change (from ``-`` and ``U-``)."""
-    return delta.where(IS_BEFORE).drop(OP)
 
 
 def after_images(delta: DataFrame) -> DataFrame:
