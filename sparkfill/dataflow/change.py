@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame
 from ..storage.catalog import Relation
 from ..storage.relation_store import IS_BEFORE, IS_LIVE, Appended, retracts
 from ..storage.schema import OP, names_sql
-from .changelog import after_images
+from .changelog import after_images, netted_sql
 from .statement import sql_over
 
 __all__ = ["Change", "change_of", "Emit", "Deferred", "Unkept", "StateDelta", "may_retract",
@@ -215,9 +215,7 @@ def net_change(rows: DataFrame, columns: Sequence[str]) -> Change:
     """A signed change summed per distinct row: what remains with weight -1 leaves,
     with +1 arrives (a set-keyed relation's change nets to -1, 0 or +1 per row)."""
     picked = names_sql(columns)
-    net = sql_over(f"SELECT {', '.join(picked)}, sum({WEIGHT}) AS {WEIGHT} FROM {{_sf_signed}}"
-                   f" GROUP BY {', '.join(picked)} HAVING sum({WEIGHT}) <> 0",
-                   {"_sf_signed": rows})
+    net = sql_over(netted_sql(columns, WEIGHT, "{_sf_signed}"), {"_sf_signed": rows})
     return Change(lambda: net.where(f"{WEIGHT} < 0").selectExpr(*picked),
                   lambda: net.where(f"{WEIGHT} > 0").selectExpr(*picked), signed=rows)
 

@@ -18,8 +18,8 @@ from ..storage.schema import EPOCH, OP, VNODE, names_sql, quoted, vnode_sql
 from .statement import sql_over
 
 __all__ = ["consolidate", "changelog_of_pairs", "image", "BEFORE", "AFTER",
-           "after_images", "net_changelog", "touched_keys", "span_change", "union_all",
-           "image_sql", "changelog_sql"]
+           "after_images", "net_changelog", "netted_sql", "touched_keys", "span_change",
+           "union_all", "image_sql", "changelog_sql"]
 
 
 def union_all(parts: Sequence[DataFrame]) -> DataFrame:
@@ -79,6 +79,14 @@ def consolidate(before: DataFrame | None, after: DataFrame, columns: Sequence[st
                     {"_sf_before": before, "_sf_after": after})
 
 
+def netted_sql(columns: Sequence[str], weight: str, source: str) -> str:
+    """The signed rows of ``source`` (SQL: ``columns`` and their ``weight``) summed per
+    distinct row, the rows whose weights cancel dropped, as a SQL statement."""
+    cols = ", ".join(quoted(c) for c in columns)
+    w = quoted(weight)
+    return f"SELECT {cols}, sum({w}) AS {w} FROM {source} GROUP BY {cols} HAVING sum({w}) <> 0"
+
+
 def net_changelog(signed: DataFrame, columns: Sequence[str], key: Sequence[str],
                   weight: str, dist_key: Sequence[str] | None = None,
                   spread: bool = True) -> DataFrame:
@@ -91,13 +99,11 @@ def net_changelog(signed: DataFrame, columns: Sequence[str], key: Sequence[str],
     ``spread=False``: the rows are few, read as one partition, which satisfies both
     groupings: no exchange (a repartition by key would add one)."""
     keys = ", ".join(quoted(k) for k in key)
-    cols = ", ".join(quoted(c) for c in columns)
     img = image_sql(columns)
     w = quoted(weight)
     rows = (f"(SELECT * FROM {{_sf_signed}} DISTRIBUTE BY {keys}) AS _sf_spread" if spread
             else "{_sf_signed}")
-    net = (f"SELECT {cols}, sum({w}) AS {w} FROM {rows} "
-           f"GROUP BY {cols} HAVING sum({w}) <> 0")
+    net = netted_sql(columns, weight, rows)
     pairs = (f"SELECT {keys}, first(IF({w} < 0, {img}, NULL), TRUE) AS {BEFORE}, "
              f"first(IF({w} > 0, {img}, NULL), TRUE) AS {AFTER} FROM ({net}) AS _sf_net "
              f"GROUP BY {keys}")

@@ -49,18 +49,10 @@ from .change import (
     signed_changelog,
 )
 from .changelog import after_images, consolidate, union_all
-from .keys import SCAN_ROWS, keyed_unkept, read_touched, touched_partitions
+from .keys import SCAN_ROWS, json_key_sql, keyed_unkept, read_touched, touched_partitions
 from .project import project
 
 __all__ = ["side_rows", "kept_sides", "born_unkept", "join_change", "inner_join_change"]
-
-
-def _json_key_sql(exprs: Sequence[str]) -> str:
-    """The join key's values (SQL texts) as JSON, as SQL text."""
-    if not exprs:
-        return "'{}'"
-    fields = ", ".join(f"'k{i}', {e}" for i, e in enumerate(exprs))
-    return f"to_json(named_struct({fields}))"
 
 
 def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation,
@@ -72,7 +64,7 @@ def side_rows(plan: MvPlan, side: int, rows: DataFrame, state: Relation,
     kept = plan.join.side_filters[side]
     if kept:
         rows = rows.where(kept)
-    key = _json_key_sql(plan.join.key_exprs[side])
+    key = json_key_sql(plan.join.key_exprs[side])
     return rows.selectExpr(*[f"{key} AS {quoted(c.name)}" if c.name == JOIN_KEY
                              else quoted(c.name) for c in state.columns], *names_sql(keep))
 

@@ -22,7 +22,7 @@ from ..storage.schema import quoted, vnode_expr
 from .change import Deferred, StateDelta, Unkept
 from .changelog import union_all
 
-__all__ = ["normalized_sql", "normalized", "group_json_sql",
+__all__ = ["normalized_sql", "normalized", "json_key_sql", "group_json_sql",
            "touched_partitions", "keyed_unkept", "read_touched", "SCAN_ROWS"]
 
 #: a relation of at most this many rows is read whole where a lookup by the keys of
@@ -43,13 +43,18 @@ def normalized(name: str, types: dict[str, str]) -> SparkColumn:
     return F.expr(normalized_sql(name, types))
 
 
+def json_key_sql(exprs: Sequence[str]) -> str:
+    """Values (SQL texts) as one JSON key ``{"k0": ..., "k1": ...}``, as SQL text."""
+    if not exprs:
+        return "'{}'"
+    fields = ", ".join(f"'k{i}', {e}" for i, e in enumerate(exprs))
+    return f"to_json(named_struct({fields}))"
+
+
 def group_json_sql(group: Sequence[str], types: dict[str, str]) -> str:
     """A group's values as JSON: the aggregate MV's key and its state's partition
     (-0.0 and 0.0 are one group: their JSON agrees too), as SQL text."""
-    if not group:
-        return "'{}'"
-    fields = ", ".join(f"'k{i}', {normalized_sql(g, types)}" for i, g in enumerate(group))
-    return f"to_json(named_struct({fields}))"
+    return json_key_sql([normalized_sql(g, types) for g in group])
 
 
 def touched_partitions(written: Sequence[Appended | Unkept], column: str,

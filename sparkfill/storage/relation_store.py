@@ -641,16 +641,14 @@ class RelationStore:
         keyed = (self._read_keyed(rel, base, keys, key_vnodes)
                  if keys is not None and base else None)
         base_rows = _filtered(keyed if keyed is not None
-                              else self._read(rel, base, bulk, within),
-                              [*conds, *([narrow] if narrow is not None else [])])
+                              else self._read(rel, base, bulk, within), [*conds, narrow])
         if semi is not None:
             self.spark_jobs += 1  # the keys' broadcast, when the read runs
             base_rows = base_rows.join(F.broadcast(semi), list(rel.key), "left_semi")
         if not log:
             return base_rows.selectExpr(*out_cols)
-        epochs = _epochs_within(log, base_epoch, epoch)
         log_df = _filtered(self._read(rel, log, bulk, within),
-                           [*conds, *([epochs] if epochs is not None else [])])
+                           [*conds, _epochs_within(log, base_epoch, epoch)])
         if semi is not None:
             log_df = log_df.join(F.broadcast(semi), list(rel.key), "left_semi")
         # a relation of few rows in its files merges in the read's own job too (and
@@ -793,8 +791,7 @@ class RelationStore:
         """Log rows with ``after_epoch < _epoch <= upto_epoch`` (the log store)."""
         files = [f for f in self.files_at(rel, upto_epoch)
                  if f.kind == "log" and f.epoch_max > after_epoch and f.epoch_min <= upto_epoch]
-        epochs = _epochs_within(files, after_epoch, upto_epoch)
-        return _filtered(self._read(rel, files), [epochs] if epochs is not None else [])
+        return _filtered(self._read(rel, files), [_epochs_within(files, after_epoch, upto_epoch)])
 
     def estimate_rows_by_vnode(self, rel: StoredRelation, epoch: int,
                                live_rows: int | None = None) -> list[float]:
@@ -1493,14 +1490,14 @@ def latest_per_key(log_df: DataFrame, key: list[str], where: str,
                     f" WHERE _sf_rn = 1 AND ({where})", {"_sf_log": log_df})
 
 
-def _filtered(df: DataFrame, conds: Sequence[str | SparkColumn]) -> DataFrame:
-    """``df`` where every one of ``conds`` holds: the SQL texts as one ``where`` (one
-    driver call, one analysis), then each Column."""
+def _filtered(df: DataFrame, conds: Sequence[str | SparkColumn | None]) -> DataFrame:
+    """``df`` where every one of ``conds`` holds (None: no condition): the SQL texts as
+    one ``where`` (one driver call, one analysis), then each Column."""
     texts = [c for c in conds if isinstance(c, str)]
     if texts:
         df = df.where(" AND ".join(f"({t})" for t in texts))
     for cond in conds:
-        if not isinstance(cond, str):
+        if cond is not None and not isinstance(cond, str):
             df = df.where(cond)
     return df
 
