@@ -507,9 +507,10 @@ def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise
         _load_t_and_d(eng, spark, rows=400, groups=6)
         for name, sql in queries.items():
             mode = "full" if name in full else "incremental"
+            if name == "down":  # over `seen`, once it is created
+                eng.step()
             eng.sql(f"CREATE MATERIALIZED VIEW {name} WITH (backfill = 'blocking', "
                     f"refresh = '{mode}') AS {sql}")
-            eng.step()
         sink = tmp_path / "sink"
         eng.sql(f"CREATE SINK s FROM inner WITH (connector = 'delta', path = '{sink}')")
         eng.step()
@@ -537,7 +538,7 @@ def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise
                 tuple(r.values()) for r in DeltaTable(str(sink)).to_pyarrow_table()
                 .select(["id", "v", "name"]).to_pylist())
         assert written_whole("proj", epochs[2])  # incremental, its Δ about its size
-        for epoch in epochs:  # time travel over the rewritten epochs
+        for epoch in epochs[:3:2]:  # time travel over rewritten epochs: the oldest, the bulk one
             check_all(epoch)
 
         # an epoch fails after its rewrites; its retry takes the change incrementally
