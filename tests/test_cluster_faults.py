@@ -25,8 +25,8 @@ from helpers import subprocess_env
 from spark_cluster import SparkCluster
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_driver.py")
-#: the driver's whole run: ~300 s beside the suite's other worker on two cores, up to
-#: ~450 s on a loaded machine (a CI run hit 420 s in its last step)
+#: the driver's whole run: 274-318 s in full runs beside the suite's other workers on
+#: two cores; a more loaded CI run was still in its last step at 420 s
 DRIVER_TIMEOUT = 720.0
 
 

@@ -538,7 +538,7 @@ def test_an_mv_nothing_reads_is_written_whole_and_a_retry_that_chooses_otherwise
                 tuple(r.values()) for r in DeltaTable(str(sink)).to_pyarrow_table()
                 .select(["id", "v", "name"]).to_pylist())
         assert written_whole("proj", epochs[2])  # incremental, its Δ about its size
-        for epoch in epochs[:3:2]:  # time travel over rewritten epochs: the oldest, the bulk one
+        for epoch in (epochs[0], epochs[2]):  # time travel: the oldest rewritten, the bulk one
             check_all(epoch)
 
         # an epoch fails after its rewrites; its retry takes the change incrementally
