@@ -391,7 +391,8 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
     """A state Δ of about as many rows as its table (a bulk UPDATE) is written as
     the table's new rows, not appended: exact then and after (the operators read the
     rewritten state), earlier epochs still readable, and an epoch that failed after
-    its rewrites re-runs to the same result."""
+    its rewrites leaves none of the frames it cached in the session and re-runs to
+    the same result."""
     from scale import at_scale, compact_often
 
     from sparkfill.pipelines import coordinator as coordinator_mod
@@ -444,8 +445,21 @@ def test_a_bulk_update_rewrites_state_tables_exactly_and_a_rerun_after_a_crash_t
             raise RuntimeError("injected crash after the rewrites")
         monkeypatch.setattr(coordinator_mod.EpochAppends, "flush", failing_flush)
         eng.sql("UPDATE t SET v = v * 2")
+        frame_class = type(spark.range(1))
+        real_persist, cached = frame_class.persist, []
+
+        def recorded_persist(self, *args, **kwargs):
+            cached.append(real_persist(self, *args, **kwargs))
+            return cached[-1]
+        monkeypatch.setattr(frame_class, "persist", recorded_persist)
         with pytest.raises(Exception, match="injected crash"):
             eng.step()
+        monkeypatch.setattr(frame_class, "persist", real_persist)
+        # the failed epoch cached the rewritten tables' Δs; it released every one
+        assert cached, "the failed epoch cached no frame: the check below proves nothing"
+        still = [df for df in cached if df.is_cached or df.storageLevel.useMemory
+                 or df.storageLevel.useDisk]
+        assert not still, f"{len(still)} of {len(cached)} frames still cached"
         monkeypatch.setattr(coordinator_mod.EpochAppends, "flush", real_flush)
         eng.close()
         eng = Engine(tmp_path / "wh", spark=spark)  # recovers: re-runs the epoch

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from ..dataflow.cached import persisted
 from ..dataflow.change import Change
 from ..storage.catalog import Relation
 from ..storage.keyrange import Position, covered, position_struct
@@ -214,7 +214,7 @@ class ArrangementScan:
         else:
             # cached: numbering a quota's rows is a shuffle and a sort, and vnodes read
             # whole share files with the vnodes not read (each reader would scan them)
-            chunk = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            chunk = persisted(rows)
             stats = {int(r["v"]): (int(r["n"]), None if whole else r["last"])
                      for r in chunk.groupBy(F.col(VNODE).alias("v")).agg(*aggs).collect()}
             self.store.spark_jobs += 1

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..dataflow.cached import persisted
 from ..storage.catalog import Relation
 from ..storage.keyrange import END, LAST_VNODE, Position, le, position_struct
 from ..storage.relation_store import IS_BEFORE, IS_LIVE, RelationStore
@@ -87,13 +87,13 @@ class BackfillScan:
             return self.store.snapshot(up, epoch, bulk=True), END, live_rows
         if limit is None:
             chunk = self.store.snapshot(up, epoch, after=pos, bulk=True)
-            chunk = chunk.persist(StorageLevel.MEMORY_AND_DISK)
+            chunk = persisted(chunk)
             self.store.spark_jobs += 1
             return chunk, END, chunk.count()
         estimate = self.store.estimate_rows_by_vnode(up, epoch, live_rows)
         hi = pick_vnode_hi(estimate, pos, limit)
         snap = self.store.snapshot(up, epoch, after=pos, vnode_hi=hi, bulk=True)
-        chunk = snap.orderBy(VNODE, *up.key).limit(limit).persist(StorageLevel.MEMORY_AND_DISK)
+        chunk = persisted(snap.orderBy(VNODE, *up.key).limit(limit))
         stats = chunk.agg(F.count(F.lit(1)).alias("n"),
                           F.max(position_struct(up.key_columns)).alias("last")).collect()[0]
         self.store.spark_jobs += 1

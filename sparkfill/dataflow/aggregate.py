@@ -23,7 +23,6 @@ import re
 from collections.abc import Callable, Sequence
 
 import sqlglot
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -43,6 +42,7 @@ from ..storage.catalog import Relation
 from ..storage.keyrange import sql_literal, values_in
 from ..storage.relation_store import Appended, RelationStore
 from ..storage.schema import OP, names_sql, quoted, vnode_sql
+from .cached import persisted
 from .change import HeldRows, StateDelta, apply_delta, may_retract
 from .changelog import AFTER, BEFORE, changelog_sql, consolidate, image_sql
 from .keys import (
@@ -354,7 +354,7 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
             # the lost groups' rows are few, but finding them reads the leaf (or the
             # state) by group, not by key: read once, for both the groups' values and
             # their rows at each extreme
-            new_input = new_input.persist(StorageLevel.MEMORY_AND_DISK)
+            new_input = persisted(new_input)
             cached.append(new_input)
         frames["_sf_re"] = group_values(spec, new_input).selectExpr(
             f"{group_json_sql(spec.group, row_types)} AS _sf_rekey",
@@ -603,7 +603,7 @@ def evaluate_counted(mv: Relation, plan: MvPlan, rows: DataFrame,
     are counted by a broadcast of them when they are few; frames cached go to
     ``cached``."""
     assert plan.agg is not None
-    grouped = grouped_values(plan.agg, rows).persist(StorageLevel.MEMORY_AND_DISK)
+    grouped = persisted(grouped_values(plan.agg, rows))
     cached.append(grouped)
     groups = grouped.count()
     values = with_ties(plan.agg, rows, grouped, few=groups <= FEW_GROUPS)

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from ..sql.planner import GROUP_OF_ROW, MvPlan
@@ -36,6 +35,7 @@ from ..storage.relation_store import LOCAL_WRITE_ROWS, Appended, RelationStore
 from ..storage.schema import names_sql
 from ..storage.spark_files import ONE_TASK_ROWS
 from . import aggregate, join, project, topn, union, window
+from .cached import persisted
 from .change import WEIGHT, Change, Emit, HeldRows, StateDelta, Unkept, signed_changelog
 from .changelog import consolidate, net_changelog
 from .keys import SCAN_ROWS, keyed_unkept
@@ -172,8 +172,7 @@ class MvDataflow:
                 # and the aggregate's both read it, and computing it pairs the row
                 # stage's images through an exchange (a backfill chunk of TPC-H q1:
                 # 184,000 rows shuffled twice an epoch, 0.6-0.9 s each)
-                written = replace(written, delta=written.delta.persist(
-                    StorageLevel.MEMORY_AND_DISK))
+                written = replace(written, delta=persisted(written.delta))
                 result.cached.append(written.delta)
                 groups = aggregate.estimate_groups(written.delta)
                 few_groups = groups <= aggregate.FEW_GROUPS

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from ..backfill.arrangement import ArrangementScan, VnodeProgress
@@ -61,6 +62,7 @@ from ..backfill.state import (
     state_from_rows,
     state_to_row,
 )
+from ..dataflow.cached import epoch_cache, persisted
 from ..dataflow.change import Deferred, Emit, HeldRows, StateDelta, change_of
 from ..dataflow.changelog import after_images, consolidate
 from ..dataflow.mv import DataflowResult, MvDataflow
@@ -252,7 +254,7 @@ class EpochAppends:
         commit), so it is computed once, as an append computes it once. ``rows``: the
         rows at this epoch, where they cost less than ``delta`` applied (a table's,
         from its staged rows): then ``delta`` is computed only if something reads it."""
-        delta = delta.persist()
+        delta = persisted(delta, StorageLevel.MEMORY_AND_DISK_DESER)
         self.cached.append(delta)
         if rows is None:
             key = list(rel.key)
@@ -305,7 +307,7 @@ class EpochAppends:
         relations that read it this epoch (cached: computed once; released after the
         commit). Its changelog of this epoch is not kept: a sink behind it rewrites
         its table from the new base."""
-        delta = delta.persist()
+        delta = persisted(delta, StorageLevel.MEMORY_AND_DISK_DESER)
         self.cached.append(delta)
         self.rewrite_rows(rel, rows)
         self.deltas[rel.id] = delta
@@ -629,9 +631,10 @@ class EpochCoordinator:
     # --- execution ------------------------------------------------------------------------
 
     def execute(self, plan: dict[str, Any]) -> EpochReport:
-        # the session's settings back, and the store's reads as they were, always
+        # the session's settings back, and the store's reads as they were, always; a
+        # failed run's cached frames released (a committed one releases them itself)
         with Interpreted(self.spark) as codegen, \
-                self.store.merging_reads(bool(plan.get("merged_reads"))):
+                self.store.merging_reads(bool(plan.get("merged_reads"))), epoch_cache():
             return self._execute_epoch(plan, codegen)
 
     def _small_epoch(self, plan: dict[str, Any], batches: Sequence[StagedBatch]) -> bool:

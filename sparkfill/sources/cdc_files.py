@@ -36,12 +36,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pyarrow.fs as pafs
-from pyspark import StorageLevel
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..dataflow.cached import persisted
 from ..errors import SourceError, SparkfillError
 from ..storage.dml import DELETE, IDX, KIND, UPSERT
 from ..storage.schema import Column, spark_type
@@ -240,7 +240,7 @@ class CdcFilesConnector(Connector):
         if not files:
             return SourceBatch(rows=None, position=ctx.position)
         parsed = self._parsed(folder, files).withColumn("_sf_reason", self._reason())
-        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = persisted(parsed)
         good = parsed.where(F.col("_sf_reason").isNull())
         bad = parsed.where(F.col("_sf_reason").isNotNull()).select(
             "file", "line", F.col("_sf_reason").alias("reason"), "raw",
