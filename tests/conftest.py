@@ -18,6 +18,18 @@ if TESTS_DIR not in sys.path:
 
 from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 
+#: Every JVM the tests start (each worker's session, the crash drivers, the CLI, the
+#: Spark Connect servers, the cluster's master, workers and executors: they inherit
+#: this environment) compiles with C1 alone, not C1 then C2: a test's plans change
+#: from test to test over relations of a few rows, and C2's compiles of Spark cost
+#: more CPU on two cores than its faster code gives back. C1 alone gets Java's small
+#: code cache (48 MiB, where tiered compilation gets 240 MiB); a worker's JVM lives
+#: the whole run and fills it, after which Java stops compiling or evicts and
+#: compiles again, so the cache is tiered compilation's size. Measured:
+#: bench/RESULTS.md, stops 67 and 71.
+os.environ.setdefault("JDK_JAVA_OPTIONS",
+                      "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
+
 
 def pytest_configure(config):
     config.addinivalue_line(
