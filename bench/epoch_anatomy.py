@@ -56,6 +56,12 @@ class Py4jCalls:
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
         self.seconds: collections.Counter[str] = collections.Counter()
+        #: commands by kind (their first two lines: ``c`` a call, ``r u`` the lookup of
+        #: a name of the JVM view, ``m d`` a free, ...)
+        self.kinds: collections.Counter[str] = collections.Counter()
+        #: the JVM view's name lookups (``sc._jvm.X``) by name and sender: each a
+        #: ``Class.forName`` per package pyspark imports, failing through every jar
+        self.lookups: collections.Counter[str] = collections.Counter()
         self.active = False
         original = py4j_cs.ClientServerConnection.send_command
         counter = self
@@ -74,6 +80,10 @@ class Py4jCalls:
                         break
                 counter.calls[where] += 1
                 counter.seconds[where] += time.perf_counter() - t0
+                lines = command.split("\n", 3)
+                counter.kinds[" ".join(lines[:2]) if lines[0] in ("r", "m") else lines[0]] += 1
+                if lines[:2] == ["r", "u"]:
+                    counter.lookups[f"{lines[2]} <- {where}"] += 1
 
         py4j_cs.ClientServerConnection.send_command = send_command  # type: ignore[method-assign]
 
@@ -258,6 +268,11 @@ def main() -> int:
               "blocking job calls included)")
         for where, k in calls.calls.most_common(40):
             print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
+        print("by command: " + ", ".join(f"{kind!r} {k / n:,.0f}"
+                                         for kind, k in calls.kinds.most_common()))
+        print("the JVM view's name lookups per epoch, by name and sender:")
+        for what, k in calls.lookups.most_common(25):
+            print(f"  {k / n:6,.1f}  {what}")
         if phases is not None:
             phases.report(n)
         if args.rules:
