@@ -59,8 +59,8 @@ class Py4jCalls:
         #: commands by kind (their first two lines: ``c`` a call, ``r u`` the lookup of
         #: a name of the JVM view, ``m d`` a free, ...)
         self.kinds: collections.Counter[str] = collections.Counter()
-        #: the JVM view's name lookups (``sc._jvm.X``) by name and sender: each a
-        #: ``Class.forName`` per package pyspark imports, failing through every jar
+        #: the JVM view's name lookups (``sc._jvm.X``) by name and sender: the JVM
+        #: tries ``Class.forName`` in each package pyspark imports until one holds X
         self.lookups: collections.Counter[str] = collections.Counter()
         self.active = False
         original = py4j_cs.ClientServerConnection.send_command

@@ -27,14 +27,8 @@ from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 #: the whole run and fills it, after which Java stops compiling or evicts and
 #: compiles again, so the cache is tiered compilation's size. Measured:
 #: bench/RESULTS.md, stops 67 and 71.
-#: They also map the classes a session loads from one class-data-sharing archive
-#: (``jvm_archive``), written by the first run on a machine. Set here, in pytest's
-#: first process: its workers, and every process they start, inherit it.
-if "JDK_JAVA_OPTIONS" not in os.environ:
-    from jvm_archive import archive_options
-
-    _JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
-    os.environ["JDK_JAVA_OPTIONS"] = f"{_JIT} {archive_options(_JIT)}".strip()
+os.environ.setdefault("JDK_JAVA_OPTIONS",
+                      "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
 def pytest_configure(config):
