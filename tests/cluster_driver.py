@@ -66,6 +66,12 @@ MVS: dict[str, tuple[str, str]] = {
 MAX_TRIES = 5
 #: epochs of one phase, at most
 MAX_STEPS = 15
+#: epochs of a phase that kills until a step raises, at most: a kill lands in a task
+#: Spark counts against the job only when the task had started on the executor (one
+#: still launching, or one that ended between the look and the kill, costs nothing)
+MAX_STEPS_UNTIL_RAISED = 25
+#: a busy executor is killed when seen running a task in two looks this far apart
+BUSY_CONFIRM_SECONDS = 0.04
 #: Python stacks go to stderr when one step takes longer than this
 STEP_STACKS_AFTER = 120.0
 #: seconds to wait for the application to have its two executors again
@@ -91,6 +97,8 @@ class Killer:
         self.spark = spark
         self.rng = rng
         self.kills: list[dict[str, Any]] = []
+        #: armed kills that did not happen, and why (the summary shows them)
+        self.misses: list[dict[str, Any]] = []
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._ports: dict[int, set[int]] = {}
@@ -134,28 +142,38 @@ class Killer:
         with ``busy``, from then on the first one seen running a task."""
         self._done.clear()
 
+        def miss(why: str) -> None:
+            self.misses.append({"label": label, "step": step_no, "attempt": attempt,
+                                "delay": round(delay, 2), "why": why[:300]})
+            log(f"kill '{label}' not done: {why}")
+
+        def busy_pid(pids: list[int]) -> int | None:
+            """An executor seen running a task in two looks BUSY_CONFIRM_SECONDS apart
+            (a task Spark still launches, or one about to end, would not fail its job)."""
+            while not self._done.wait(0.02):
+                pid = self.busy_executor(pids)
+                if pid is not None and not self._done.wait(BUSY_CONFIRM_SECONDS) \
+                        and self.busy_executor([pid]) == pid:
+                    return pid
+            return None
+
         def run() -> None:
-            if self._done.wait(delay):
-                log(f"kill '{label}' not done: the step ended within {delay:.2f} s")
-                return
-            pids = self.executors()
-            if not pids:
-                log(f"kill '{label}': no executor of {self.app_id} to kill")
-                return
-            pid: int | None = None
-            if busy:
-                while pid is None and not self._done.wait(0.02):
-                    pid = self.busy_executor(pids)
-                if pid is None:
-                    log(f"kill '{label}' not done: no executor ran a task after "
-                        f"{delay:.2f} s before the step ended")
-                    return
-            else:
-                pid = self.rng.choice(pids)
             try:
+                if self._done.wait(delay):
+                    miss(f"the step ended within {delay:.2f} s")
+                    return
+                pids = self.executors()
+                if not pids:
+                    miss(f"no executor of {self.app_id} to kill")
+                    return
+                pid = busy_pid(pids) if busy else self.rng.choice(pids)
+                if pid is None:
+                    miss(f"no executor ran a task after {delay:.2f} s before the step "
+                         f"ended")
+                    return
                 psutil.Process(pid).send_signal(signal.SIGKILL)
-            except psutil.Error as exc:
-                log(f"kill '{label}': {pid} vanished: {exc}")
+            except Exception as exc:  # noqa: BLE001 - the summary shows it
+                miss(f"{type(exc).__name__}: {exc}")
                 return
             during = not self._done.is_set()
             self.kills.append({"label": label, "pid": pid, "step": step_no, "attempt": attempt,
@@ -218,9 +236,9 @@ class Run:
         self.model = TableModel(COLUMNS)
         self.mvs: dict[str, tuple[str, str]] = {}
         self.last_seconds = 3.0
-        self.summary: dict[str, Any] = {"phases": [], "kills": [], "raised": [], "steps": 0,
-                                        "final_epoch": None, "exact": {}, "verify": {},
-                                        "warnings": [], "errors": []}
+        self.summary: dict[str, Any] = {"phases": [], "kills": [], "misses": [], "raised": [],
+                                        "steps": 0, "final_epoch": None, "exact": {},
+                                        "verify": {}, "warnings": [], "errors": []}
         self.eng: Any = None
         self.spark: Any = None
         self.killer: Killer | None = None
@@ -271,7 +289,9 @@ class Run:
         if self.killer is not None:
             self.killer.disarm()
             self.summary["kills"] += [{"phase": self.phase, **k} for k in self.killer.kills]
-            self.killer.kills = []
+            self.summary["misses"] += [{"phase": self.phase, **k}
+                                       for k in self.killer.misses]
+            self.killer.kills, self.killer.misses = [], []
         try:
             if self.eng is not None:
                 self.eng.close()
@@ -381,7 +401,8 @@ class Run:
         assert self.killer is not None
         landed: dict[str, bool] = {}
         no = first_no
-        for no in range(first_no, first_no + MAX_STEPS):
+        steps = MAX_STEPS_UNTIL_RAISED if until_raised else MAX_STEPS
+        for no in range(first_no, first_no + steps):
             self.random_dml()
             backfilling = not self.all_created()
             kill = None
