@@ -62,6 +62,10 @@ class Py4jCalls:
         #: the JVM view's name lookups (``sc._jvm.X``) by name and sender: the JVM
         #: tries ``Class.forName`` in each package pyspark imports until one holds X
         self.lookups: collections.Counter[str] = collections.Counter()
+        #: the JVM's seconds and calls by the method a ``c`` command called (what the
+        #: driver waits on: analysis in ``sql``/``selectExpr``, a view's creation, ...)
+        self.method_seconds: collections.Counter[str] = collections.Counter()
+        self.method_calls: collections.Counter[str] = collections.Counter()
         self.active = False
         original = py4j_cs.ClientServerConnection.send_command
         counter = self
@@ -80,8 +84,11 @@ class Py4jCalls:
                         break
                 counter.calls[where] += 1
                 counter.seconds[where] += time.perf_counter() - t0
-                lines = command.split("\n", 3)
+                lines = command.split("\n", 4)
                 counter.kinds[" ".join(lines[:2]) if lines[0] in ("r", "m") else lines[0]] += 1
+                if lines[0] == "c" and len(lines) > 2:
+                    counter.method_seconds[lines[2]] += time.perf_counter() - t0
+                    counter.method_calls[lines[2]] += 1
                 if lines[:2] == ["r", "u"]:
                     counter.lookups[f"{lines[2]} <- {where}"] += 1
 
@@ -270,6 +277,9 @@ def main() -> int:
             print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
         print("by command: " + ", ".join(f"{kind!r} {k / n:,.0f}"
                                          for kind, k in calls.kinds.most_common()))
+        print("the JVM's calls per epoch by method (seconds, calls):")
+        for method, secs in calls.method_seconds.most_common(20):
+            print(f"  {secs / n:6.3f} s {calls.method_calls[method] / n:5.1f}  {method}")
         print("the JVM view's name lookups per epoch, by name and sender:")
         for what, k in calls.lookups.most_common(25):
             print(f"  {k / n:6,.1f}  {what}")

@@ -113,6 +113,27 @@ def test_a_placed_batch_for_another_epoch_is_read_as_staged_upserts(engine, spar
     assert_rows_equal(engine.read("kv"), model.rows(), label="kv")
 
 
+def test_a_first_load_of_a_two_column_key_keeps_the_last_row_of_each_key(engine, spark,
+                                                                         linked):
+    """A key of two columns: rows that share the first column but not the second are
+    different keys; a key given three times keeps its last row (call order), whatever
+    the order of its values; every row is checked against a model of the table."""
+    engine.sql("CREATE TABLE pk2 (a STRING, b INT, v BIGINT, PRIMARY KEY (a, b))")
+    rows = [(f"k{i % 7}", i % 5, i) for i in range(200)]  # (a, b) repeats: 35 keys
+    rows += [("k1", 1, -1), ("k1", 2, -2), ("k0", 0, 7)]
+    given = spark.createDataFrame(rows, "a string, b int, v bigint")
+    assert engine.insert("pk2", given) == len(rows)
+    (path,) = staged_paths(engine)
+    assert dml.placed_epoch(path) == engine.committed_epoch + 1, path
+    model = TableModel(["a", "b", "v"], key=["a", "b"])
+    model.insert([{"a": a, "b": b, "v": v} for a, b, v in rows])
+    model.step()
+    engine.step()
+    assert linked == [(path,)], linked
+    assert_rows_equal(engine.read("pk2"), model.rows(), label="pk2 after its first load")
+    assert engine.read("pk2").count() == 35
+
+
 def test_a_table_with_rows_or_a_batch_staged_is_not_staged_placed(engine, spark):
     engine.sql(KV)
     engine.insert("kv", kv_rows([1]))
