@@ -41,7 +41,9 @@ def sql_over(text: str, frames: Mapping[str, DataFrame]) -> DataFrame:
         escaped = escaped.replace("{{" + name + "}}", "{" + name + "}")
     spark = next(iter(frames.values())).sparkSession
     unpinned: dict[str, Any] = {name: _unpinned(df) for name, df in frames.items()}
-    return spark.sql(escaped, None, **unpinned)
+    # no parameters, as an empty map: a classic session sends ``None`` as an empty
+    # array it builds through ``PythonUtils`` (six Py4J round trips, not two)
+    return spark.sql(escaped, {}, **unpinned)
 
 
 def _unpinned(df: DataFrame) -> DataFrame:

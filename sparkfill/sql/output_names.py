@@ -83,7 +83,7 @@ def _names_from_source(spark: SparkSession, query: exp.Expr,
         at = end + 1
     pieces.append(text[at:].replace("{", "{{").replace("}", "}}"))
     try:
-        return spark.sql("".join(pieces), None, **frames).columns
+        return spark.sql("".join(pieces), {}, **frames).columns
     except Exception:  # noqa: BLE001 - the other way, then the planner, report errors
         return None
 
