@@ -90,6 +90,8 @@ PROBLEM = "_sf_problem"
 PLACED = re.compile(r"\.e(\d{10})\.placed$")
 #: at most this many files per placed batch (a Spark write task each)
 PLACED_FILES = 26
+#: a placed load's column of the file a row goes to (a range of vnodes)
+_FILE = "_sf_file"
 
 
 #: a batch of an UPDATE that sets no key column, staged from the table's rows at a
@@ -360,19 +362,23 @@ class DmlStager:
         (repeated keys included)."""
         assert self.store is not None
         key = [quoted(k) for k in rel.key]
+        files = max(1, min(PLACED_FILES,
+                           int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1)))
         counted = Observation(f"sf_load_{uuid.uuid4().hex}")
-        rows = batch.observe(counted, F.count(F.lit(1)).alias("n")).withColumn(
-            VNODE, F.expr(vnode_sql(key))).repartitionById(VNODE_COUNT, F.col(VNODE))
-        # partitioned by the vnode first: the shuffle above satisfies it (no exchange)
-        order = Window.partitionBy(F.col(VNODE), *[F.col(k) for k in key]).orderBy(
-            F.col(IDX).desc())
+        # one shuffle partition per file, of consecutive vnodes: a partition per vnode
+        # coalesced into files would set up the window below once per vnode
+        rows = (batch.observe(counted, F.count(F.lit(1)).alias("n"))
+                .withColumn(VNODE, F.expr(vnode_sql(key)))
+                .withColumn(_FILE, F.expr(f"CAST({VNODE} * {files} DIV {VNODE_COUNT} AS INT)"))
+                .repartitionById(files, F.col(_FILE)))
+        # partitioned by the file first: the shuffle above satisfies it (no exchange);
+        # the vnode next, so that a file's rows are sorted by vnode, then by key
+        order = Window.partitionBy(F.col(_FILE), F.col(VNODE), *[F.col(k) for k in key]) \
+            .orderBy(F.col(IDX).desc())
         latest = (rows.withColumn("_sf_rn", F.row_number().over(order))
                   .where(F.col("_sf_rn") == 1)
                   .withColumn(EPOCH, F.lit(epoch).cast("long")).withColumn(OP, F.lit("+")))
-        files = max(1, min(PLACED_FILES,
-                           int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1)))
-        out = (latest.coalesce(files)
-               .selectExpr(*[cast_sql(f) for f in physical_struct(rel.columns).fields]))
+        out = latest.selectExpr(*[cast_sql(f) for f in physical_struct(rel.columns).fields])
         written = write_parquet(out, self.warehouse, path, [VNODE, EPOCH, rel.key[0]],
                                 row_group_rows=self.store.row_group_rows)
         if written:  # upserts only: what an append observes, from the files' footers
