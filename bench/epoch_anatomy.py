@@ -77,17 +77,18 @@ class Py4jCalls:
             try:
                 return original(conn, command)
             finally:
+                took = time.perf_counter() - t0  # the round trip, not the look below
                 where = "(outside sparkfill: e.g. freeing JVM objects)"
                 for frame in reversed(traceback.extract_stack(limit=40)):
                     if "/sparkfill/" in frame.filename:
                         where = f"{frame.filename.split('/sparkfill/')[-1]}:{frame.lineno}"
                         break
                 counter.calls[where] += 1
-                counter.seconds[where] += time.perf_counter() - t0
-                lines = command.split("\n", 4)
+                counter.seconds[where] += took
+                lines = command.split("\n", 3)
                 counter.kinds[" ".join(lines[:2]) if lines[0] in ("r", "m") else lines[0]] += 1
                 if lines[0] == "c" and len(lines) > 2:
-                    counter.method_seconds[lines[2]] += time.perf_counter() - t0
+                    counter.method_seconds[lines[2]] += took
                     counter.method_calls[lines[2]] += 1
                 if lines[:2] == ["r", "u"]:
                     counter.lookups[f"{lines[2]} <- {where}"] += 1
@@ -271,7 +272,7 @@ def main() -> int:
               f"{statistics.median(job_secs):.2f} s; outside jobs "
               f"{statistics.median(w - j for w, j in zip(walls, job_secs, strict=True)):.2f} s")
         print(f"Py4J round trips per epoch: {total_calls / n:,.0f} "
-              f"({sum(calls.seconds.values()) / n:.2f} s with the counter's own cost, "
+              f"({sum(calls.seconds.values()) / n:.2f} s waiting on the JVM, "
               "blocking job calls included)")
         for where, k in calls.calls.most_common(40):
             print(f"  {k / n:6,.0f} calls {calls.seconds[where] / n:6.3f} s  {where}")
