@@ -61,6 +61,24 @@ def rows_of(df: DataFrame) -> list[tuple]:
     return sorted(to_tuples(df.collect()), key=_sort_key)
 
 
+#: the column that tells the two sides of ``_rows_of_both``'s union apart
+_SIDE = "__sf_test_side"
+
+
+def _rows_of_both(df_a: DataFrame, df_b: DataFrame) -> tuple[list[tuple], list[tuple]]:
+    """``rows_of`` of two frames of one schema, collected by one Spark job (a union
+    of both, each row tagged with its side; columns renamed by position, so that
+    duplicate names stay apart)."""
+    names = [f"c{i}" for i in range(len(df_a.columns))]
+    both = (df_a.toDF(*names).selectExpr(f"0 AS {_SIDE}", "*")
+            .unionAll(df_b.toDF(*names).selectExpr(f"1 AS {_SIDE}", "*")))
+    sides: tuple[list[Any], list[Any]] = ([], [])
+    for row in both.collect():
+        sides[row[0]].append(row[1:])
+    return (sorted(to_tuples(sides[0]), key=_sort_key),
+            sorted(to_tuples(sides[1]), key=_sort_key))
+
+
 def schema_of(df: DataFrame) -> list[tuple[str, str]]:
     return [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
 
@@ -89,7 +107,9 @@ def assert_same_rows(
     if check_schema:
         sa, sb = schema_of(df_a), schema_of(df_b)
         assert sa == sb, f"{label}: schemas differ:\n  actual:   {sa}\n  expected: {sb}"
-    got, want = rows_of(df_a), rows_of(df_b)
+        got, want = _rows_of_both(df_a, df_b)
+    else:  # a union would cast one side's values to the other's types
+        got, want = rows_of(df_a), rows_of(df_b)
     if got != want:
         raise AssertionError(_diff_message(got, want, label))
 

@@ -434,3 +434,23 @@ def test_property_small_histories(spark, tmp_path_factory, data):
             run_epoch([])
         assert created, f"pm not created: {eng.progress('pm')}"
         run_epoch([("update", 1), ("delete", [0, 1, 2])])
+
+
+def test_the_oracle_comparison_tells_any_difference(spark):
+    """``assert_same_rows`` (both sides collected by one job) fails on a missing or
+    extra duplicate, on one changed value and on columns of another type, and passes
+    on the same multiset in another order, duplicate column names included."""
+    a = spark.createDataFrame([(1, "x", 1), (1, "x", 1), (2, None, 3)], "k INT, s STRING, k INT")
+    same = spark.createDataFrame([(2, None, 3), (1, "x", 1), (1, "x", 1)],
+                                 "k INT, s STRING, k INT")
+    assert_same_rows(a, same)
+    for other, why in [
+            ([(1, "x", 1), (2, None, 3)], "a duplicate fewer"),
+            ([(1, "x", 1), (1, "x", 1), (1, "x", 1), (2, None, 3)], "a duplicate more"),
+            ([(1, "x", 1), (1, "x", 1), (2, "y", 3)], "one value"),
+    ]:
+        with pytest.raises(AssertionError):
+            assert_same_rows(a, spark.createDataFrame(other, "k INT, s STRING, k INT"))
+            pytest.fail(f"not told apart: {why}")
+    with pytest.raises(AssertionError, match="schemas differ"):
+        assert_same_rows(a, spark.createDataFrame([(1, "x", 1)], "k BIGINT, s STRING, k INT"))
