@@ -88,7 +88,7 @@ from .sql.planner import (
 )
 from .sql.ties import ranked_selection
 from .storage.catalog import Catalog, Relation, check_not_reserved
-from .storage.dml import DELETE, IDX, KIND, UPSERT, DmlStager
+from .storage.dml import DELETE, DRIVER_STAGE_ROWS, IDX, KIND, UPSERT, DmlStager
 from .storage.lock import AdvisoryLock, WriterLock
 from .storage.meta_store import MetaStore, PgTarget, SourceRow, check_meta, open_postgres
 from .storage.metadata import explain_existing, show_rows, show_schema
@@ -1005,16 +1005,24 @@ class Engine:
             old_keys = old_keys.select(*[c.name for c in columns])
             deletes = old_keys.withColumn(KIND, F.lit(DELETE)).withColumn(IDX, F.lit(0))
             batch = deletes.unionByName(batch, allowMissingColumns=True)
-            self.stager.stage(rel, batch, UPSERT)
+            self.stager.stage(rel, batch, UPSERT, small=self._few_match(rel, cmd.where_sql))
             return None
         # each key once, from the rows at ``epoch`` (all of them with no WHERE): its
         # epoch takes these rows as the keys' latest, and with no WHERE keeps no old row
-        self.stager.stage(rel, batch, UPSERT, updated_from=(epoch, cmd.where_sql is None))
+        self.stager.stage(rel, batch, UPSERT, updated_from=(epoch, cmd.where_sql is None),
+                          small=self._few_match(rel, cmd.where_sql))
         return None
+
+    @staticmethod
+    def _few_match(rel: Relation, where_sql: str | None) -> bool:
+        """Whether a statement's rows of ``rel`` are worth trying on the driver: it has
+        a WHERE, or the table is small (a statement of more rows is staged by Spark)."""
+        return where_sql is not None or rel.row_count <= DRIVER_STAGE_ROWS
 
     def _delete_where(self, cmd: Delete) -> None:
         rel = self._table(cmd.table)
-        self.stager.stage(rel, self._matching(rel, cmd.where_sql).select(*rel.key), DELETE)
+        self.stager.stage(rel, self._matching(rel, cmd.where_sql).select(*rel.key), DELETE,
+                          small=self._few_match(rel, cmd.where_sql))
         return None
 
     def _query(self, cmd: Query, epoch: int | None = None) -> DataFrame:

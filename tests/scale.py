@@ -4,7 +4,7 @@ warehouse takes.
 The engine chooses between a whole read and a keyed lookup, a driver write and an
 executor write, one task and many, a merge of the log and a fold into base, by
 comparing row counts with module constants (``SCAN_ROWS``, ``ONE_TASK_ROWS``,
-``LOCAL_WRITE_ROWS``, ``KEY_VALUES``, ``MERGE_LOG_ROWS``) and by
+``LOCAL_WRITE_ROWS``, ``KEY_VALUES``, ``MERGE_LOG_ROWS``, ``DRIVER_STAGE_ROWS``) and by
 the relation store's compaction settings. At the sizes a test can afford, every
 choice falls on the small side; ``at_scale`` sets every threshold to a few rows
 (each name where it is defined and where it is imported), so a test of a few
@@ -21,6 +21,7 @@ import sparkfill.dataflow.aggregate as aggregate_mod
 import sparkfill.dataflow.join as join_mod
 import sparkfill.dataflow.keys as keys_mod
 import sparkfill.dataflow.mv as mv_mod
+import sparkfill.engine as engine_mod
 import sparkfill.pipelines.coordinator as coordinator_mod
 import sparkfill.storage.dml as dml_mod
 import sparkfill.storage.relation_store as relation_store_mod
@@ -33,6 +34,7 @@ THRESHOLDS: dict[str, list[Any]] = {
     "LOCAL_WRITE_ROWS": [relation_store_mod, coordinator_mod, mv_mod],
     "KEY_VALUES": [relation_store_mod, dml_mod],
     "MERGE_LOG_ROWS": [relation_store_mod],
+    "DRIVER_STAGE_ROWS": [dml_mod, engine_mod],
 }
 
 
@@ -40,7 +42,8 @@ def at_scale(monkeypatch: pytest.MonkeyPatch, rows: int = 40) -> None:
     """Every size threshold at about ``rows`` rows (compaction settings: see
     ``compact_often``)."""
     values = {"SCAN_ROWS": rows, "ONE_TASK_ROWS": rows, "LOCAL_WRITE_ROWS": rows // 2,
-              "KEY_VALUES": max(2, rows // 8), "MERGE_LOG_ROWS": 4 * rows}
+              "KEY_VALUES": max(2, rows // 8), "MERGE_LOG_ROWS": 4 * rows,
+              "DRIVER_STAGE_ROWS": rows // 2}
     for name, modules in THRESHOLDS.items():
         for module in modules:
             assert hasattr(module, name), f"{module.__name__} no longer binds {name}"

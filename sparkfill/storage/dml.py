@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, Observation, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -75,6 +75,9 @@ from .warehouse import Warehouse
 
 __all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
 
+#: a statement's batch (an UPDATE's or DELETE's rows) of at most this many rows is
+#: staged from the driver (``DmlStager.stage``'s ``small``)
+DRIVER_STAGE_ROWS = 20_000
 #: a change of at most this share of a table's rows (and more than ``KEY_VALUES``
 #: keys) meets its rows by a semi-join below the merge of base and log
 SEMI_FRACTION = 0.25
@@ -224,10 +227,11 @@ class DmlStager:
         return DataError(f"table {rel.name!r}, column {col!r}: values are not valid "
                          f"{type_name.upper()}")
 
-    def _spark_batch(self, rel: Relation, df: DataFrame, kind: str,
-                     ) -> tuple[DataFrame, Callable[[], None] | None]:
-        """``df`` as staged rows of ``rel``, and, when its values need checking, a call
-        that raises ``DataError`` naming a bad row once the rows were written."""
+    def _spark_columns(self, rel: Relation, df: DataFrame, kind: str,
+                       ) -> tuple[list[Column], Column | None, list[str]]:
+        """The columns that make ``df``'s rows staged rows of ``rel`` (``_stage_struct``
+        less its sequence number), the column naming each row's first failed check
+        (None when its values need no check), and ``df``'s columns given."""
         given = [c for c in df.columns if c not in (KIND, IDX)]
         self._check_columns(rel, given, kind)
         lookup = {g.lower(): g for g in given}
@@ -249,58 +253,98 @@ class DmlStager:
                                col.isNotNull() & converted.isNull()))
             if not c.nullable:
                 what = "key column" if c.name in rel.key else "NOT NULL column"
-                checks.append((f"{what} is null", c.name, converted.isNull()))
+                null = converted.isNull()
+                if c.name not in rel.key and KIND in df.columns:
+                    null = null & (F.col(KIND) == F.lit(UPSERT))  # a delete holds its key
+                checks.append((f"{what} is null", c.name, null))
             exprs.append(converted.alias(c.name))
         kind_col = F.col(KIND) if KIND in df.columns else F.lit(kind)
         idx_col = F.col(IDX) if IDX in df.columns else F.monotonically_increasing_id()
         staged = [*exprs, kind_col.alias(KIND), idx_col.cast("long").alias(IDX)]
         if not checks:
+            return staged, None, given
+        flags = [F.when(cond, F.lit(f"{name}: {msg}")) for msg, name, cond in checks]
+        return staged, F.coalesce(*flags).alias(PROBLEM), given
+
+    @staticmethod
+    def _bad_row(rel: Relation, df: DataFrame, problem: Column, given: Sequence[str],
+                 ) -> DataError:
+        """The error naming a row of ``df`` that fails its check ``problem`` (a job)."""
+        probe = df.select(problem, *[F.col(f"`{g}`").cast("string").alias(g) for g in given])
+        bad = probe.where(F.col(PROBLEM).isNotNull()).limit(1).collect()
+        row = bad[0].asDict() if bad else {}
+        return DataError(f"table {rel.name!r}, column {row.pop(PROBLEM, '?')} (row {row})")
+
+    def _spark_batch(self, rel: Relation, df: DataFrame, kind: str,
+                     ) -> tuple[DataFrame, Callable[[], None] | None]:
+        """``df`` as staged rows of ``rel``, and, when its values need checking, a call
+        that raises ``DataError`` naming a bad row once the rows were written."""
+        staged, problem, given = self._spark_columns(rel, df, kind)
+        if problem is None:
             return df.select(*staged), None
         # the rows are checked while they are written (counted by an observation of
         # the write's own job); only a batch with a bad row runs a second job, to
         # name one
-        flags = [F.when(cond, F.lit(f"{name}: {msg}")) for msg, name, cond in checks]
-        problem = F.coalesce(*flags).alias(PROBLEM)
         counted = Observation(f"sf_dml_{uuid.uuid4().hex}")
         out = (df.select(*staged, problem)
                .observe(counted, F.count(F.col(PROBLEM)).alias("bad")).drop(PROBLEM))
 
         def reject_bad_rows() -> None:
-            if not (counted.get or {}).get("bad"):
-                return
-            probe = df.select(problem, *[F.col(f"`{g}`").cast("string").alias(g)
-                                         for g in given])
-            bad = probe.where(F.col(PROBLEM).isNotNull()).limit(1).collect()
-            row = bad[0].asDict() if bad else {}
-            raise DataError(f"table {rel.name!r}, column {row.pop(PROBLEM, '?')} (row {row})")
+            if (counted.get or {}).get("bad"):
+                raise self._bad_row(rel, df, problem, given)
 
         return out, reject_bad_rows
+
+    def _small_spark_batch(self, rel: Relation, df: DataFrame, kind: str) -> pa.Table | None:
+        """``df``'s rows as staged rows of ``rel`` (``_stage_struct`` less its sequence
+        number) on the driver, when it holds at most ``DRIVER_STAGE_ROWS``; None when
+        it holds more (one job either way, which stops once it has read one row more).
+        Raises ``DataError`` naming a bad row."""
+        staged, problem, given = self._spark_columns(rel, df, kind)
+        rows = df.select(*staged, *([] if problem is None else [problem])) \
+            .limit(DRIVER_STAGE_ROWS + 1).toArrow()
+        if rows.num_rows > DRIVER_STAGE_ROWS:
+            return None
+        if problem is not None:
+            if rows[PROBLEM].null_count < rows.num_rows:
+                raise self._bad_row(rel, df, problem, given)
+            rows = rows.drop_columns([PROBLEM])
+        fields = [pa.field(c.name, arrow_type(c.type)) for c in rel.columns]
+        return rows.select([*(c.name for c in rel.columns), IDX, KIND]).cast(
+            pa.schema([*fields, pa.field(IDX, pa.int64()), pa.field(KIND, pa.string())]))
 
     # --- staging --------------------------------------------------------------------------
 
     def stage(self, rel: Relation, rows: Any, kind: str,
-              updated_from: tuple[int, bool] | None = None) -> int:
+              updated_from: tuple[int, bool] | None = None, small: bool = False) -> int:
         """Validate and durably stage rows; returns the number of rows staged.
         ``updated_from``: ``rows`` is an UPDATE's that sets no key column, from the
-        table's rows at that epoch, of every row then or not (``updated_at``)."""
+        table's rows at that epoch, of every row then or not (``updated_at``).
+        ``small``: ``rows``, a Spark DataFrame the engine built (a statement's), likely
+        holds at most ``DRIVER_STAGE_ROWS``: it is brought to the driver and staged
+        from there, as a list of rows is (one small job, no file-commit protocol),
+        unless it holds more."""
         if isinstance(rows, list | tuple) and not rows:
             return 0
         seq = self.meta.next_dml_seq()
         name = f"{seq:012d}-{uuid.uuid4().hex[:8]}"
+        if updated_from is not None:  # ``updated_at``
+            name += f".e{updated_from[0]:010d}.{'whole' if updated_from[1] else 'update'}"
         wh = self.warehouse
         given: int | None = None  # a placed batch's rows given (its keys' repeats too)
         if isinstance(rows, DataFrame):
+            load_epoch = self._first_load_epoch(rel, rows, kind)
+            table = (self._small_spark_batch(rel, rows, kind)
+                     if small and load_epoch is None else None)
+            if table is not None:
+                return self._stage_on_driver(rel, table, seq, name)
             batch, reject_bad_rows = self._spark_batch(rel, rows, kind)
             batch = batch.withColumn(SEQ, F.lit(seq).cast("long"))
-            load_epoch = self._first_load_epoch(rel, rows, kind)
-            if load_epoch is not None:
+            if load_epoch is not None:  # (an UPSERT's: never an UPDATE's)
                 path = f"{self.dir}/{name}.e{load_epoch:010d}.placed"
                 written, given = self._write_placed(rel, batch, path, load_epoch)
             else:
                 path = f"{self.dir}/{name}"
-                if updated_from is not None:
-                    shape = "whole" if updated_from[1] else "update"
-                    path += f".e{updated_from[0]:010d}.{shape}"
                 written = write_parquet(
                     batch.selectExpr(*names_sql(_stage_struct(rel).fieldNames())), wh, path,
                     [])
@@ -316,24 +360,36 @@ class DmlStager:
             count = table.num_rows
             if count == 0:
                 return 0
-            table = table.append_column(SEQ, pa.array([seq] * count, pa.int64()))
             table = table.append_column(IDX, pa.array(range(count), pa.int64()))
             table = table.append_column(KIND, pa.array([kind] * count, pa.string()))
-            table = table.replace_schema_metadata(_first_keys_metadata(rel, table))
-            path = f"{self.dir}/{name}.parquet"
-            if wh.is_local:
-                # never a partial file under the final name: write, fsync, rename (a
-                # local warehouse's URIs are absolute paths)
-                tmp = f"{self.dir}/.{name}.tmp"
-                wh.write_parquet(table, tmp, fsync=True)
-                os.replace(tmp, path)
-            else:  # an object store's PUT is atomic and durable once it returns
-                wh.write_parquet(table, path, fsync=True)
+            return self._stage_on_driver(rel, table, seq, name)
         if count == 0:
             wh.rmtree(path)
             return 0
         self.meta.stage_dml(StagedBatch(seq, rel.id, path, count))
         return count if given is None else given
+
+    def _stage_on_driver(self, rel: Relation, table: pa.Table, seq: int, name: str) -> int:
+        """Stage ``table`` (staged rows less their sequence number) as one Parquet file
+        written by the driver, its footer noting the batch's keys; returns its rows."""
+        count = table.num_rows
+        if count == 0:
+            return 0
+        table = table.add_column(len(rel.columns), SEQ, pa.array([seq] * count, pa.int64()))
+        table = table.replace_schema_metadata(_first_keys_metadata(rel, table))
+        wh = self.warehouse
+        # a batch of an UPDATE keeps the name's suffix (``updated_at``)
+        path = f"{self.dir}/{name}" + ("" if UPDATED.search(name) else ".parquet")
+        if wh.is_local:
+            # never a partial file under the final name: write, fsync, rename (a
+            # local warehouse's URIs are absolute paths)
+            tmp = f"{self.dir}/.{name}.tmp"
+            wh.write_parquet(table, tmp, fsync=True)
+            os.replace(tmp, path)
+        else:  # an object store's PUT is atomic and durable once it returns
+            wh.write_parquet(table, path, fsync=True)
+        self.meta.stage_dml(StagedBatch(seq, rel.id, path, count))
+        return count
 
     def _first_load_epoch(self, rel: Relation, df: DataFrame, kind: str) -> int | None:
         """The epoch a Spark DataFrame of upserts into ``rel`` is staged placed for (the
