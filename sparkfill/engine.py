@@ -79,6 +79,7 @@ from .sql.frontend import (
     SwapMaterializedViews,
     Update,
     Verify,
+    keys_pinned,
     parse_statement,
 )
 from .sql.links import explain_chain, plan_chain
@@ -1015,9 +1016,18 @@ class Engine:
 
     @staticmethod
     def _few_match(rel: Relation, where_sql: str | None) -> bool:
-        """Whether a statement's rows of ``rel`` are worth trying on the driver: it has
-        a WHERE, or the table is small (a statement of more rows is staged by Spark)."""
-        return where_sql is not None or rel.row_count <= DRIVER_STAGE_ROWS
+        """Whether a statement's rows of ``rel`` are worth trying on the driver (a
+        statement of more rows is then staged by Spark, its query run again): the
+        table is small, or its WHERE pins the key to few values, or it has a WHERE and
+        the table is small enough that a second run costs little. A statement over a
+        large table that may match many rows goes to Spark at once."""
+        if rel.row_count <= DRIVER_STAGE_ROWS:
+            return True
+        if where_sql is None:
+            return False
+        pinned = keys_pinned(where_sql, rel.key)
+        return (pinned is not None and pinned <= DRIVER_STAGE_ROWS) or \
+            rel.row_count <= 10 * DRIVER_STAGE_ROWS
 
     def _delete_where(self, cmd: Delete) -> None:
         rel = self._table(cmd.table)

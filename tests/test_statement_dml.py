@@ -2,7 +2,8 @@
 are few (one Parquet file, its footer noting the batch's keys) and by Spark when they
 are many (a directory of files): either way the table equals a model of the DML at
 every epoch, an MV over it its batch query, and a statement rejected for a bad value
-names the row and stages nothing."""
+names the row and stages nothing. Over a large table, a statement is tried on the driver
+only when its WHERE pins the key to few values."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from helpers import assert_rows_equal, assert_same_rows
 import sparkfill.engine as engine_mod
 import sparkfill.storage.dml as dml_mod
 from sparkfill import DataError, Engine
+from sparkfill.sql.frontend import keys_pinned
 
 AGG = "SELECT g, count(*) AS c, sum(v) AS s FROM t GROUP BY g"
 
@@ -35,6 +37,8 @@ def test_statements_staged_by_the_driver_or_by_spark_apply_exactly(
         eng.step()
 
         statements = [
+            # the key pinned: tried on the driver whatever the table's size
+            ("UPDATE t SET v = 1 WHERE id IN (1, 2)", 2),
             ("UPDATE t SET v = v + 100 WHERE id < 8", 8),
             ("DELETE FROM t WHERE id % 9 = 4", 4),
             # a key set: each old key deleted, each new one upserted
@@ -50,7 +54,9 @@ def test_statements_staged_by_the_driver_or_by_spark_apply_exactly(
             if sql.startswith("UPDATE t SET v = v * 2"):
                 assert path.endswith(".whole"), path  # every row: its epoch keeps no old row
             # the model, as the statement means it
-            if sql.startswith("UPDATE t SET v = v + 100"):
+            if sql.startswith("UPDATE t SET v = 1 "):
+                model = {i: (g, 1 if i in (1, 2) else v) for i, (g, v) in model.items()}
+            elif sql.startswith("UPDATE t SET v = v + 100"):
                 model = {i: (g, v + 100 if i < 8 else v) for i, (g, v) in model.items()}
             elif sql.startswith("DELETE"):
                 model = {i: gv for i, gv in model.items() if i % 9 != 4}
@@ -78,3 +84,16 @@ def test_statements_staged_by_the_driver_or_by_spark_apply_exactly(
                           [(i, g, v) for i, (g, v) in model.items()], label="t after the reject")
     finally:
         eng.close()
+
+
+def test_a_where_pins_the_key_only_with_literals_under_and():
+    """How many keys a WHERE can match, when it says (what decides whether a statement
+    over a large table is tried on the driver)."""
+    cases = {"id = 5": (1, None), "id IN (1, 2, 3) AND v > 2": (3, None),
+             "t.id = 7": (1, None), "id = 1 AND id IN (1, 2)": (1, None),
+             "a = 1 AND b IN (1, 2)": (None, 2), "(id = 1 OR id = 2)": (None, None),
+             "id < 8": (None, None), "v = 1": (None, None),
+             "id IN (SELECT 1)": (None, None), "a = 1": (None, None)}
+    for where, (one, two) in cases.items():
+        assert keys_pinned(where, ["id"]) == one, where
+        assert keys_pinned(where, ["a", "b"]) == two, where

@@ -7,8 +7,9 @@ anything is executed.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,29 @@ class Update(Command):
 class Delete(Command):
     table: str
     where_sql: str | None
+
+
+def keys_pinned(where_sql: str, key: Sequence[str]) -> int | None:
+    """At most how many keys a WHERE can match when it pins every key column to
+    literals (``k = 1``, ``k IN (1, 2)``, under AND); None when it does not."""
+    tree = sqlglot.parse_one(where_sql, read="spark")
+    counts: dict[str, int] = {}
+    for conjunct in tree.flatten() if isinstance(tree, exp.And) else [tree]:
+        if isinstance(conjunct, exp.Paren):
+            conjunct = conjunct.unnest()
+        if isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column) \
+                and isinstance(conjunct.expression, exp.Literal):
+            column, n = conjunct.this.name.lower(), 1
+        elif isinstance(conjunct, exp.In) and isinstance(conjunct.this, exp.Column) \
+                and not conjunct.args.get("query") and conjunct.expressions \
+                and all(isinstance(e, exp.Literal) for e in conjunct.expressions):
+            column, n = conjunct.this.name.lower(), len(conjunct.expressions)
+        else:
+            continue
+        counts[column] = min(n, counts.get(column, n))
+    if not all(k.lower() in counts for k in key):
+        return None
+    return math.prod(counts[k.lower()] for k in key)
 
 
 @dataclass
