@@ -56,9 +56,14 @@ def to_tuples(rows: Iterable[Any]) -> list[tuple]:
     return [tuple(_norm(v) for v in r) for r in rows]
 
 
+def sorted_tuples(rows: Iterable[Any]) -> list[tuple]:
+    """Rows as tuples, in one order whatever order they came in."""
+    return sorted(to_tuples(rows), key=_sort_key)
+
+
 def rows_of(df: DataFrame) -> list[tuple]:
     """Collect a (small) DataFrame to a sorted list of tuples."""
-    return sorted(to_tuples(df.collect()), key=_sort_key)
+    return sorted_tuples(df.collect())
 
 
 #: the column that tells the two sides of ``_rows_of_both``'s union apart
@@ -75,8 +80,7 @@ def _rows_of_both(df_a: DataFrame, df_b: DataFrame) -> tuple[list[tuple], list[t
     sides: tuple[list[Any], list[Any]] = ([], [])
     for row in both.collect():
         sides[row[0]].append(row[1:])
-    return (sorted(to_tuples(sides[0]), key=_sort_key),
-            sorted(to_tuples(sides[1]), key=_sort_key))
+    return sorted_tuples(sides[0]), sorted_tuples(sides[1])
 
 
 def schema_of(df: DataFrame) -> list[tuple[str, str]]:
@@ -119,7 +123,7 @@ def assert_rows_equal(
 ) -> None:
     """Assert a DataFrame holds exactly ``expected`` (tuples in column order) as a multiset."""
     got = rows_of(df)
-    want = sorted(to_tuples(expected), key=_sort_key)
+    want = sorted_tuples(expected)
     if got != want:
         raise AssertionError(_diff_message(got, want, label))
 

@@ -36,35 +36,31 @@ def test_statements_staged_by_the_driver_or_by_spark_apply_exactly(
         eng.sql(f"CREATE MATERIALIZED VIEW m WITH (backfill = 'blocking') AS {AGG}")
         eng.step()
 
+        # each statement, the rows its batch holds, and the model after it
         statements = [
             # the key pinned: tried on the driver whatever the table's size
-            ("UPDATE t SET v = 1 WHERE id IN (1, 2)", 2),
-            ("UPDATE t SET v = v + 100 WHERE id < 8", 8),
-            ("DELETE FROM t WHERE id % 9 = 4", 4),
+            ("UPDATE t SET v = 1 WHERE id IN (1, 2)", 2,
+             lambda m: {i: (g, 1 if i in (1, 2) else v) for i, (g, v) in m.items()}),
+            ("UPDATE t SET v = v + 100 WHERE id < 8", 8,
+             lambda m: {i: (g, v + 100 if i < 8 else v) for i, (g, v) in m.items()}),
+            ("DELETE FROM t WHERE id % 9 = 4", 4,
+             lambda m: {i: gv for i, gv in m.items() if i % 9 != 4}),
             # a key set: each old key deleted, each new one upserted
-            ("UPDATE t SET id = id + 1000, v = 7 WHERE id BETWEEN 10 AND 15", 12),
-            ("UPDATE t SET v = v * 2", 36),
+            ("UPDATE t SET id = id + 1000, v = 7 WHERE id BETWEEN 10 AND 15", 12,
+             lambda m: {(i + 1000 if 10 <= i <= 15 else i): ((g, 7) if 10 <= i <= 15 else (g, v))
+                        for i, (g, v) in m.items()}),
+            # every row: staged `.whole`, its epoch keeps no old row
+            ("UPDATE t SET v = v * 2", 36,
+             lambda m: {i: (g, v * 2) for i, (g, v) in m.items()}),
         ]
-        for sql, rows in statements:
+        for sql, rows, apply in statements:
             before = set(_staged_paths(eng))
             eng.sql(sql)
             (path,) = set(_staged_paths(eng)) - before
             on_driver = eng.warehouse.is_file(path)
             assert on_driver == (rows <= driver_rows), (sql, path)
-            if sql.startswith("UPDATE t SET v = v * 2"):
-                assert path.endswith(".whole"), path  # every row: its epoch keeps no old row
-            # the model, as the statement means it
-            if sql.startswith("UPDATE t SET v = 1 "):
-                model = {i: (g, 1 if i in (1, 2) else v) for i, (g, v) in model.items()}
-            elif sql.startswith("UPDATE t SET v = v + 100"):
-                model = {i: (g, v + 100 if i < 8 else v) for i, (g, v) in model.items()}
-            elif sql.startswith("DELETE"):
-                model = {i: gv for i, gv in model.items() if i % 9 != 4}
-            elif sql.startswith("UPDATE t SET id"):
-                model = {(i + 1000 if 10 <= i <= 15 else i): ((g, 7) if 10 <= i <= 15 else (g, v))
-                         for i, (g, v) in model.items()}
-            else:
-                model = {i: (g, v * 2) for i, (g, v) in model.items()}
+            assert path.endswith(".whole") == (sql == "UPDATE t SET v = v * 2"), path
+            model = apply(model)
             report = eng.step()
             assert_rows_equal(eng.read("t", as_of=report.epoch).select("id", "g", "v"),
                               [(i, g, v) for i, (g, v) in model.items()],

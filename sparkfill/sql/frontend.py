@@ -21,6 +21,7 @@ from ..options import sample_fraction, validate_option
 from ..storage.schema import Column, normalize_type_name
 from .output_names import SOURCE_SQL
 from .rewrite import time_windows_to_derived
+from .sql_tree import conjuncts
 
 __all__ = [
     "Command", "CreateTable", "CreateMaterializedView", "Drop", "SetOption", "Show",
@@ -142,7 +143,7 @@ def keys_pinned(where_sql: str, key: Sequence[str]) -> int | None:
     literals (``k = 1``, ``k IN (1, 2)``, under AND); None when it does not."""
     tree = sqlglot.parse_one(where_sql, read="spark")
     counts: dict[str, int] = {}
-    for conjunct in tree.flatten() if isinstance(tree, exp.And) else [tree]:
+    for conjunct in conjuncts(tree):
         if isinstance(conjunct, exp.Paren):
             conjunct = conjunct.unnest()
         if isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column) \

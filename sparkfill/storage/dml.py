@@ -358,8 +358,6 @@ class DmlStager:
         else:
             table = self._arrow_batch(rel, rows, kind)
             count = table.num_rows
-            if count == 0:
-                return 0
             table = table.append_column(IDX, pa.array(range(count), pa.int64()))
             table = table.append_column(KIND, pa.array([kind] * count, pa.string()))
             return self._stage_on_driver(rel, table, seq, name)
