@@ -35,6 +35,7 @@ THRESHOLDS: dict[str, list[Any]] = {
     "KEY_VALUES": [relation_store_mod, dml_mod],
     "MERGE_LOG_ROWS": [relation_store_mod],
     "DRIVER_STAGE_ROWS": [dml_mod, engine_mod],
+    "DRIVER_CHANGE_ROWS": [dml_mod],
 }
 
 
@@ -43,7 +44,7 @@ def at_scale(monkeypatch: pytest.MonkeyPatch, rows: int = 40) -> None:
     ``compact_often``)."""
     values = {"SCAN_ROWS": rows, "ONE_TASK_ROWS": rows, "LOCAL_WRITE_ROWS": rows // 2,
               "KEY_VALUES": max(2, rows // 8), "MERGE_LOG_ROWS": 4 * rows,
-              "DRIVER_STAGE_ROWS": rows // 2}
+              "DRIVER_STAGE_ROWS": rows // 2, "DRIVER_CHANGE_ROWS": rows}
     for name, modules in THRESHOLDS.items():
         for module in modules:
             assert hasattr(module, name), f"{module.__name__} no longer binds {name}"

@@ -22,7 +22,9 @@ PROJ = "SELECT id, g, v * 2 AS v2 FROM {src} WHERE v % 3 <> 0"
 @pytest.fixture
 def keyed_reads(monkeypatch):
     """The base files each lookup read through keyed copies (``_read_keyed`` that did
-    not fall back), and the rows it counted."""
+    not fall back), and the rows it counted. A table's old rows are looked up by Spark
+    here, as a large table's are (a small one's are read on the driver)."""
+    monkeypatch.setattr(dml, "DRIVER_CHANGE_ROWS", 0)
     calls: list[tuple[int, int]] = []
     real = relation_store.RelationStore._read_keyed
 

@@ -78,6 +78,9 @@ __all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
 #: a statement's batch (an UPDATE's or DELETE's rows) of at most this many rows is
 #: staged from the driver (``DmlStager.stage``'s ``small``)
 DRIVER_STAGE_ROWS = 20_000
+#: a table's change is computed on the driver (``_change_on_driver``) when the files
+#: that may hold its keys' old rows hold at most this many rows (read there with pyarrow)
+DRIVER_CHANGE_ROWS = 200_000
 #: a change of at most this share of a table's rows (and more than ``KEY_VALUES``
 #: keys) meets its rows by a semi-join below the merge of base and log
 SEMI_FRACTION = 0.25
@@ -539,7 +542,8 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
                              _batch_files(store.warehouse, b), b.rows).selectExpr(
             *names_sql([*cols, VNODE, OP]))
         return TableDelta(delta, prepared=(b.path,))
-    if before and (rows_here := _new_keys_on_driver(store, rel, batches, before)) is not None:
+    if before and (rows_here := _change_on_driver(store, rel, batches, before,
+                                                  prev_epoch)) is not None:
         return TableDelta(None, rows=rows_here)
     staged, files, single = _read_staged(spark, store.warehouse, rel, batches)
     placed = None if before else store.place_by_vnode_range(
@@ -587,20 +591,22 @@ def table_delta(spark: SparkSession, store: RelationStore, rel: Relation,
                       rows_at=rows_at if before else None)
 
 
-def _new_keys_on_driver(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
-                        before: Sequence[DataFile]) -> pa.Table | None:
-    """The changelog of ``batches`` computed on the driver, without Spark, when it is
-    insertions of new keys only: every batch staged by the driver (one file noting its
-    keys), of a one-column key whose vnodes the driver hashes, into a table without a
-    processing-time column, and no file of the table (``before``: its files at
-    ``e-1``) may hold one of the keys by its vnode and key ranges. Then each key's
-    last staged row, if an upsert, is a ``+`` (a delete of a key the table never held
-    changes nothing). None where any of that does not hold: the changelog is then
-    computed by Spark. (A steady stream of new rows: its epoch's table change costs
-    no Spark job and no plan.)"""
+def _change_on_driver(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],
+                      before: Sequence[DataFile], prev_epoch: int) -> pa.Table | None:
+    """The changelog of ``batches`` computed on the driver, without Spark, when every
+    batch was staged by the driver (one file noting its keys) into a table without a
+    processing-time column, of a one-column key whose vnodes the driver hashes and
+    whose values it compares as Spark does, and when the old rows of the batches'
+    keys lie in files (``before``: the table's at ``prev_epoch``) of at most
+    ``DRIVER_CHANGE_ROWS`` rows in all (by their vnode and key ranges; none for new
+    keys). Each key's last staged row is paired with its old row, as ``consolidate``
+    pairs them: a ``+`` for a new key, a ``-`` for a deleted one, ``U-``/``U+`` for
+    one whose row changed, nothing for a row written as it was or a delete of a key
+    the table did not hold. None where any of that does not hold: the changelog is
+    then computed by Spark. (A steady stream of small DML: its epoch's table change
+    costs no Spark job and no plan.)"""
     if rel.proctime is not None or len(rel.key) != 1 or any(
-            placed_epoch(b.path) is not None or updated_at(b.path) is not None
-            for b in batches):
+            placed_epoch(b.path) is not None for b in batches):
         return None
     wh = store.warehouse
     files = [b.path for b in batches]
@@ -613,22 +619,49 @@ def _new_keys_on_driver(store: RelationStore, rel: Relation, batches: Sequence[S
     if keys is None or each is None:
         return None
     vnode_of = dict(zip(keys, each, strict=True))
-    vnodes = set(each)
-    if any(f.may_hold(keys) and any(f.vnode_min <= v <= f.vnode_max for v in vnodes)
-           for f in before):
+    cols = [c.name for c in rel.columns]
+    old = store.rows_of_keys_on_driver(rel.stored, prev_epoch, before, keys,
+                                       sorted(set(each)), DRIVER_CHANGE_ROWS)
+    if old is None:
         return None
-    names = [*[c.name for c in rel.columns], SEQ, IDX, KIND]
-    staged = pa.concat_tables([wh.read_parquet(f).select(names) for f in files],
-                              promote_options="permissive")
+    staged = pa.concat_tables([wh.read_parquet(f).select([*cols, SEQ, IDX, KIND])
+                               for f in files], promote_options="permissive")
+    if staged[key].null_count:
+        return None
     # each key's last change (call order: sequence, then position in its call)
     latest = last_rows_per_key(staged, [key], [SEQ, IDX])
-    latest = latest.filter(pc.equal(latest[KIND], UPSERT))
-    return (latest.select([c.name for c in rel.columns])
-            .append_column(pa.field(VNODE, pa.int32()),
-                           pa.array([vnode_of[k] for k in latest[key].to_pylist()],
-                                    pa.int32()))
-            .append_column(pa.field(OP, pa.string()),
-                           pa.repeat(pa.scalar("+"), latest.num_rows)))
+    new = latest.filter(pc.equal(latest[KIND], UPSERT)).select(cols).cast(old.schema)
+    return _paired_changelog(old, new, key, vnode_of)
+
+
+def _paired_changelog(old: pa.Table, new: pa.Table, key: str,
+                      vnode_of: dict[Any, int]) -> pa.Table:
+    """The changelog turning the rows ``old`` into ``new`` (each a key at most once,
+    in one schema), as ``consolidate`` makes it: the columns, ``_vnode`` (the key's,
+    from ``vnode_of``) and ``_op``. Rows are equal as Spark's ``<=>`` finds them:
+    NULLs equal, and NaN equal to NaN."""
+    o = old.append_column("_sf_o", pa.array(range(old.num_rows), pa.int64()))
+    n = new.append_column("_sf_n", pa.array(range(new.num_rows), pa.int64()))
+    both = o.select([key, "_sf_o"]).join(n.select([key, "_sf_n"]), key, join_type="inner")
+    o_idx, n_idx = both["_sf_o"].combine_chunks(), both["_sf_n"].combine_chunks()
+    same = pa.array([True] * len(both), pa.bool_())
+    for c in new.column_names:
+        a, b = old[c].take(o_idx), new[c].take(n_idx)
+        equal = pc.fill_null(pc.equal(a, b), False)
+        if pa.types.is_floating(a.type):
+            equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+        equal = pc.or_(equal, pc.and_(pc.is_null(a), pc.is_null(b)))
+        same = pc.and_(same, equal)
+    changed = pc.invert(same)
+    gone = pc.invert(pc.is_in(o["_sf_o"], o_idx))
+    fresh = pc.invert(pc.is_in(n["_sf_n"], n_idx))
+    parts = [(old.filter(gone), "-"), (old.take(pc.filter(o_idx, changed)), "U-"),
+             (new.take(pc.filter(n_idx, changed)), "U+"), (new.filter(fresh), "+")]
+    return pa.concat_tables([
+        rows.append_column(pa.field(VNODE, pa.int32()),
+                           pa.array([vnode_of[k] for k in rows[key].to_pylist()], pa.int32()))
+        .append_column(pa.field(OP, pa.string()), pa.repeat(pa.scalar(op), rows.num_rows))
+        for rows, op in parts])
 
 
 def _old_rows(store: RelationStore, rel: Relation, batches: Sequence[StagedBatch],

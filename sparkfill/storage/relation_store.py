@@ -1264,30 +1264,47 @@ class RelationStore:
         if not _driver_foldable(rel):
             return None
         schema = physical_arrow_schema(rel.columns)
-        base_epoch = compaction_epoch(files)
-        parts = []
-        for f in files:
-            rows = self.warehouse.read_parquet(f.uri).select(schema.names).cast(schema)
-            if f.kind == "base":  # each key once, below every log row kept
-                rank = pa.repeat(pa.scalar(2 * base_epoch + 1, pa.int64()), rows.num_rows)
-            else:
-                at = rows[EPOCH]
-                rows = rows.filter(pc.and_(pc.greater(at, base_epoch),
-                                           pc.less_equal(at, epoch)))
-                rank = pc.add(pc.multiply(rows[EPOCH], 2),
-                              pc.cast(pc.not_equal(rows[OP], "U-"), pa.int64()))
-            parts.append(rows.append_column("_sf_rank", rank))
-        rows = pa.concat_tables(parts)
-        if any(rows[k].null_count for k in rel.key):
+        rows = _live_merged(rel, [(f, self.warehouse.read_parquet(f.uri)) for f in files],
+                            compaction_epoch(files), epoch)
+        if rows is None:
             return None
-        rows = last_rows_per_key(rows, rel.key, ["_sf_rank"])
-        rows = rows.filter(pc.is_in(rows[OP], pa.array(["+", "U+"])))
         m = rows.num_rows
-        return (rows.drop_columns(["_sf_rank"])
-                .set_column(schema.get_field_index(EPOCH), schema.field(EPOCH),
-                            pa.repeat(pa.scalar(epoch, pa.int64()), m))
+        return (rows.set_column(schema.get_field_index(EPOCH), schema.field(EPOCH),
+                                pa.repeat(pa.scalar(epoch, pa.int64()), m))
                 .set_column(schema.get_field_index(OP), schema.field(OP),
                             pa.repeat(pa.scalar("+"), m)))
+
+    def rows_of_keys_on_driver(self, rel: StoredRelation, epoch: int,
+                               files: Sequence[DataFile], keys: Sequence[Any],
+                               vnodes: Sequence[int], max_rows: int) -> pa.Table | None:
+        """The live rows at ``epoch`` (``rel``'s columns, in its physical types) whose
+        one-column key holds one of the sorted ``keys`` (of the sorted ``vnodes``),
+        read and merged on the driver with pyarrow: of ``files`` (``rel``'s at
+        ``epoch``) only those whose vnode and key ranges can hold one, and of those
+        only the row groups whose statistics can. None — the caller asks Spark — when
+        the driver does not compare ``rel``'s keys (``_driver_foldable``), when those
+        files hold more than ``max_rows`` rows, or when a file cannot be read whole
+        (Spark's read then reports it as it does); ``DamagedFile`` as ``snapshot``."""
+        if len(rel.key) != 1 or not _driver_foldable(rel):
+            return None
+        within = VnodeSpan(0, 255, tuple(vnodes))
+        wanted = [f for f in files if f.may_hold(keys)
+                  and within.overlaps(f.vnode_min, f.vnode_max)]
+        if sum(f.rows for f in wanted) > max_rows:
+            return None
+        self.check_files(rel, wanted)
+        key = rel.key[0]
+        filters = [(key, "in", list(keys)), (VNODE, "in", list(vnodes))]
+        try:
+            read = [(f, self.warehouse.read_parquet(f.uri, filters)) for f in wanted]
+        except (OSError, ValueError, pa.ArrowException) as err:
+            _log.warning("%s: a file read on the driver failed (%s); reading it by Spark",
+                         rel.name, err)
+            return None
+        self.rows_read[self.reader or rel.name] += sum(self._rows_within(f, within)
+                                                       for f in wanted)
+        rows = _live_merged(rel, read, compaction_epoch(files), epoch)
+        return None if rows is None else rows.select(rel.column_names)
 
     def _has_copies(self, folder_uri: str) -> bool:
         """Whether the base folder ``folder_uri``'s files have keyed copies."""
@@ -1453,6 +1470,34 @@ def last_rows_per_key(rows: pa.Table, key: Sequence[str], order: Sequence[str]) 
         last = pc.or_(last, other)
     return rows.filter(pa.concat_arrays([pa.chunked_array(last).combine_chunks(),
                                          pa.array([True])]))
+
+
+def _live_merged(rel: StoredRelation, read: Sequence[tuple[DataFile, pa.Table]],
+                 base_epoch: int, epoch: int) -> pa.Table | None:
+    """The live rows at ``epoch`` of the rows ``read`` from ``rel``'s files (each
+    with its file), in its physical schema: the base rows, and the log rows above
+    ``base_epoch`` (the base's epoch among all of its files) up to ``epoch``, of
+    which each key's last change (highest epoch, ``U+`` after ``U-``) is kept if it
+    is live, as ``snapshot`` merges them. None when a key holds a NULL."""
+    schema = physical_arrow_schema(rel.columns)
+    parts = []
+    for f, rows in read:
+        rows = rows.select(schema.names).cast(schema)
+        if f.kind == "base":  # each key once, below every log row kept
+            rank = pa.repeat(pa.scalar(2 * base_epoch + 1, pa.int64()), rows.num_rows)
+        else:
+            at = rows[EPOCH]
+            rows = rows.filter(pc.and_(pc.greater(at, base_epoch), pc.less_equal(at, epoch)))
+            rank = pc.add(pc.multiply(rows[EPOCH], 2),
+                          pc.cast(pc.not_equal(rows[OP], "U-"), pa.int64()))
+        parts.append(rows.append_column("_sf_rank", rank))
+    if not parts:
+        return schema.empty_table()
+    rows = pa.concat_tables(parts)
+    if any(rows[k].null_count for k in rel.key):
+        return None
+    rows = last_rows_per_key(rows, rel.key, ["_sf_rank"])
+    return rows.filter(pc.is_in(rows[OP], pa.array(["+", "U+"]))).drop_columns(["_sf_rank"])
 
 
 def _driver_foldable(rel: StoredRelation) -> bool:

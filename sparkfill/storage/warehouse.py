@@ -25,6 +25,7 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -287,11 +288,14 @@ class Warehouse:
         pq.write_table(table, path, filesystem=self.fs, compression="snappy")
         return self.size(uri)
 
-    def read_parquet(self, uri: str) -> pa.Table:
-        """One Parquet file's rows."""
+    def read_parquet(self, uri: str, filters: builtins.list[tuple[str, str, Any]] | None = None,
+                     ) -> pa.Table:
+        """One Parquet file's rows; ``filters`` (pyarrow's: ``(column, op, value)``,
+        all of them hold): only those rows, and of the file only the row groups
+        whose statistics can hold one."""
         if self.local_path is not None:
-            return pq.read_table(self.fs_path(uri))
-        return pq.read_table(self.fs_path(uri), filesystem=self.fs)
+            return pq.read_table(self.fs_path(uri), filters=filters)
+        return pq.read_table(self.fs_path(uri), filesystem=self.fs, filters=filters)
 
     def parquet_metadata(self, uri: str) -> pq.FileMetaData:
         with self.fs.open_input_file(self.fs_path(uri)) as fh:
