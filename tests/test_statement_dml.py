@@ -89,7 +89,9 @@ def test_a_where_pins_the_key_only_with_literals_under_and():
              "t.id = 7": (1, None), "id = 1 AND id IN (1, 2)": (1, None),
              "a = 1 AND b IN (1, 2)": (None, 2), "(id = 1 OR id = 2)": (None, None),
              "id < 8": (None, None), "v = 1": (None, None),
-             "id IN (SELECT 1)": (None, None), "a = 1": (None, None)}
+             "id IN (SELECT 1)": (None, None), "a = 1": (None, None),
+             "(a = 1 AND v > 0) AND (b = 2)": (None, 1), "3 = id": (1, None),
+             "((id IN (4, 5)))": (2, None), "(a = 1 OR b = 2) AND a = 1": (None, None)}
     for where, (one, two) in cases.items():
         assert keys_pinned(where, ["id"]) == one, where
         assert keys_pinned(where, ["a", "b"]) == two, where

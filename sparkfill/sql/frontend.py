@@ -141,11 +141,16 @@ class Delete(Command):
 def keys_pinned(where_sql: str, key: Sequence[str]) -> int | None:
     """At most how many keys a WHERE can match when it pins every key column to
     literals (``k = 1``, ``k IN (1, 2)``, under AND); None when it does not."""
-    tree = sqlglot.parse_one(where_sql, read="spark")
+    def terms(expr: exp.Expr) -> list[exp.Expr]:  # an AND's, through parentheses
+        expr = expr.unnest() if isinstance(expr, exp.Paren) else expr
+        parts = conjuncts(expr)
+        return [t for p in parts for t in terms(p)] if len(parts) > 1 else parts
+
     counts: dict[str, int] = {}
-    for conjunct in conjuncts(tree):
-        if isinstance(conjunct, exp.Paren):
-            conjunct = conjunct.unnest()
+    for conjunct in terms(sqlglot.parse_one(where_sql, read="spark")):
+        if isinstance(conjunct, exp.EQ) and isinstance(conjunct.expression, exp.Column) \
+                and isinstance(conjunct.this, exp.Literal):  # 1 = k
+            conjunct = exp.EQ(this=conjunct.expression, expression=conjunct.this)
         if isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column) \
                 and isinstance(conjunct.expression, exp.Literal):
             column, n = conjunct.this.name.lower(), 1
