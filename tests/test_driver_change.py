@@ -36,10 +36,7 @@ def _tuples(table) -> list[tuple]:
 
 def test_the_drivers_change_equals_sparks_and_keeps_the_table_exact(spark, tmp_path,
                                                                     monkeypatch):
-    def thresholds() -> None:
-        monkeypatch.setattr(dml, "DRIVER_CHANGE_ROWS", 70)
-
-    thresholds()
+    monkeypatch.setattr(dml, "DRIVER_CHANGE_ROWS", 70)
     rng = random.Random(11)
     eng = Engine(tmp_path / "w", spark=spark)
     try:
@@ -85,11 +82,11 @@ def test_the_drivers_change_equals_sparks_and_keeps_the_table_exact(spark, tmp_p
             driver = dml._change_on_driver(eng.store, rel, batches, before, prev)
             if driver is not None:
                 on_driver += 1
-                monkeypatch.setattr(dml, "DRIVER_CHANGE_ROWS", 0)
-                by_spark = dml.table_delta(spark, eng.store, rel, batches, prev).delta
-                thresholds()
+                with monkeypatch.context() as spark_only:
+                    spark_only.setattr(dml, "DRIVER_CHANGE_ROWS", 0)
+                    by_spark = dml.table_delta(spark, eng.store, rel, batches, prev).delta
                 assert by_spark is not None
-                cols = [*driver.column_names]
+                cols = driver.column_names
                 mine = [tuple(r.values()) for r in driver.select(cols).to_pylist()]
                 theirs = [tuple(r) for r in by_spark.select(*cols).collect()]
                 assert _tuples(mine) == _tuples(theirs), \

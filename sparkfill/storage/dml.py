@@ -644,7 +644,7 @@ def _paired_changelog(old: pa.Table, new: pa.Table, key: str,
     n = new.append_column("_sf_n", pa.array(range(new.num_rows), pa.int64()))
     both = o.select([key, "_sf_o"]).join(n.select([key, "_sf_n"]), key, join_type="inner")
     o_idx, n_idx = both["_sf_o"].combine_chunks(), both["_sf_n"].combine_chunks()
-    same = pa.array([True] * len(both), pa.bool_())
+    same = pa.repeat(pa.scalar(True), len(both))
     for c in new.column_names:
         a, b = old[c].take(o_idx), new[c].take(n_idx)
         equal = pc.fill_null(pc.equal(a, b), False)
