@@ -4,8 +4,9 @@ column — and the table and an MV over it equal a model and Spark's batch query
 every epoch, under random DML of new and existing keys: upserts (some writing a row
 as it was, some NULLs, NaN and -0.0 in a float column), deletes of held and never
 held keys, a key changed twice in an epoch and across calls, over a table whose
-files are a base and logs, compacted often. The driver's threshold is lowered, so
-that some epochs' old rows lie in too many rows for the driver and go to Spark."""
+files are a base and logs, compacted often, the base read through its keyed copies
+once a lookup wanted them. The driver's threshold is lowered, so that some epochs'
+old rows lie in too many rows for the driver and go to Spark."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def test_the_drivers_change_equals_sparks_and_keeps_the_table_exact(spark, tmp_p
     eng = Engine(tmp_path / "w", spark=spark)
     try:
         compact_often(eng)
+        copy_reads: list[str] = []
+        read_row_groups = eng.store.warehouse.read_row_groups
+
+        def counted(uri: str, groups: list[int]):
+            copy_reads.append(uri)
+            return read_row_groups(uri, groups)
+        monkeypatch.setattr(eng.store.warehouse, "read_row_groups", counted)
         eng.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, g INT, v INT, f DOUBLE, s STRING)")
         model: dict[int, dict] = {}
 
@@ -103,6 +111,7 @@ def test_the_drivers_change_equals_sparks_and_keeps_the_table_exact(spark, tmp_p
                                        t=eng.read("t", as_of=report.epoch)),
                              label=f"agg at epoch {report.epoch}")
         assert on_driver >= 6 and spark_side >= 2, (on_driver, spark_side)
+        assert any("/keyed-" in uri for uri in copy_reads), "no keyed copy read by the driver"
         assert eng.verify("agg").count() == 0
     finally:
         eng.close()

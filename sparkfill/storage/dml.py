@@ -620,8 +620,8 @@ def _change_on_driver(store: RelationStore, rel: Relation, batches: Sequence[Sta
         return None
     vnode_of = dict(zip(keys, each, strict=True))
     cols = [c.name for c in rel.columns]
-    old = store.rows_of_keys_on_driver(rel.stored, prev_epoch, before, keys,
-                                       sorted(set(each)), DRIVER_CHANGE_ROWS)
+    old = store.rows_of_keys_on_driver(rel.stored, prev_epoch, before,
+                                       list(zip(each, keys, strict=True)), DRIVER_CHANGE_ROWS)
     if old is None:
         return None
     staged = pa.concat_tables([wh.read_parquet(f).select([*cols, SEQ, IDX, KIND])

@@ -732,31 +732,16 @@ class RelationStore:
         work: list[tuple[str, list[int], str]] = []
         rows = 0
         for f in files:
-            lo = bisect.bisect_left(by_vnode, (f.vnode_min,))
-            hi = bisect.bisect_left(by_vnode, (f.vnode_max + 1,))
-            if lo == hi:
+            file_keys = _keys_of_file(by_vnode, f)
+            if not file_keys:
                 continue
-            file_keys = sorted({k for _, k in by_vnode[lo:hi]})
-            uri = keyed_copy_uri(f.uri)
-            try:
-                firsts, lasts, counts = self._keyed_groups_of(rel, uri)
-            except (OSError, ValueError, pa.ArrowException) as err:
-                _log.warning("%s: keyed copy %s unreadable (%s); reading the base files, "
-                             "and writing the folder's copies again", rel.name, uri, err)
-                self._keyed_folders.discard(f.folder_uri)
-                with self.meta.transaction() as conn:
-                    self.meta.forget(conn, KEYED_RECORD + f.folder_uri)
-                self.copies_wanted.add(rel.dir)
+            found = self._copy_groups(rel, f, file_keys)
+            if found is None:
                 return None
-            # the copy is sorted by its first key column: its row groups' ranges
-            # ascend, and the groups that hold a value are consecutive (several, when
-            # a key of several columns repeats the value across a group's end)
-            groups = sorted({i for k in file_keys
-                             for i in range(bisect.bisect_left(lasts, k),
-                                            bisect.bisect_right(firsts, k))})
+            groups, group_rows = found
             if groups:
-                rows += sum(counts[i] for i in groups)
-                work.append((uri, groups, json.dumps(file_keys)))
+                rows += group_rows
+                work.append((keyed_copy_uri(f.uri), groups, json.dumps(file_keys)))
         self.rows_read[self.reader or rel.name] += rows
         schema = physical_struct(rel.columns)
         if not work:
@@ -766,6 +751,31 @@ class RelationStore:
         object_files.ship_by_value()
         return self.spark.createDataFrame(
             work, "uri string, groups array<int>, keys string").mapInArrow(reader, schema)
+
+    def _copy_groups(self, rel: StoredRelation, f: DataFile,
+                     file_keys: Sequence[Any]) -> tuple[list[int], int] | None:
+        """Of the keyed copy of the base file ``f``, the row groups whose key range
+        holds one of the sorted ``file_keys`` and their rows. None when the copy's
+        footer cannot be read: its folder's copies are then forgotten (the caller
+        reads the base files) and written again after the epoch."""
+        uri = keyed_copy_uri(f.uri)
+        try:
+            firsts, lasts, counts = self._keyed_groups_of(rel, uri)
+        except (OSError, ValueError, pa.ArrowException) as err:
+            _log.warning("%s: keyed copy %s unreadable (%s); reading the base files, "
+                         "and writing the folder's copies again", rel.name, uri, err)
+            self._keyed_folders.discard(f.folder_uri)
+            with self.meta.transaction() as conn:
+                self.meta.forget(conn, KEYED_RECORD + f.folder_uri)
+            self.copies_wanted.add(rel.dir)
+            return None
+        # the copy is sorted by its first key column: its row groups' ranges ascend,
+        # and the groups that hold a value are consecutive (several, when a key of
+        # several columns repeats the value across a group's end)
+        groups = sorted({i for k in file_keys
+                         for i in range(bisect.bisect_left(lasts, k),
+                                        bisect.bisect_right(firsts, k))})
+        return groups, sum(counts[i] for i in groups)
 
     def _keyed_groups_of(self, rel: StoredRelation,
                          uri: str) -> tuple[list[Any], list[Any], list[int]]:
@@ -1275,36 +1285,68 @@ class RelationStore:
                             pa.repeat(pa.scalar("+"), m)))
 
     def rows_of_keys_on_driver(self, rel: StoredRelation, epoch: int,
-                               files: Sequence[DataFile], keys: Sequence[Any],
-                               vnodes: Sequence[int], max_rows: int) -> pa.Table | None:
+                               files: Sequence[DataFile], key_vnodes: Sequence[tuple[int, Any]],
+                               max_rows: int) -> pa.Table | None:
         """The live rows at ``epoch`` (``rel``'s columns, in its physical types) whose
-        one-column key holds one of the sorted ``keys`` (of the sorted ``vnodes``),
-        read and merged on the driver with pyarrow: of ``files`` (``rel``'s at
-        ``epoch``) only those whose vnode and key ranges can hold one, and of those
-        only the row groups whose statistics can. None — the caller asks Spark — when
-        the driver does not compare ``rel``'s keys (``_driver_foldable``), when those
-        files hold more than ``max_rows`` rows, or when a file cannot be read whole
-        (Spark's read then reports it as it does); ``DamagedFile`` as ``snapshot``."""
+        one-column key holds one of the keys of ``key_vnodes`` (each key's (vnode,
+        value)), read and merged on the driver with pyarrow: of ``files`` (``rel``'s at
+        ``epoch``) only those whose vnode and key ranges can hold one; of a base file
+        with a keyed copy only the copy's row groups whose key range holds one of the
+        file's keys, as ``_read_keyed`` reads it; of any other file only the row groups
+        whose statistics can hold one. A large base without copies wants them, as a
+        lookup by Spark does. None — the caller asks Spark — when the driver does not
+        compare ``rel``'s keys (``_driver_foldable``), when those row groups hold more
+        than ``max_rows`` rows, or when a file cannot be read (Spark's read then
+        reports it as it does); ``DamagedFile`` as ``snapshot``."""
         if len(rel.key) != 1 or not _driver_foldable(rel):
             return None
-        within = VnodeSpan(0, 255, tuple(vnodes))
+        by_vnode = sorted(set(key_vnodes))
+        keys = sorted({k for _, k in by_vnode})
+        within = VnodeSpan(0, 255, tuple(sorted({v for v, _ in by_vnode})))
         wanted = [f for f in files if f.may_hold(keys)
                   and within.overlaps(f.vnode_min, f.vnode_max)]
-        if sum(f.rows for f in wanted) > max_rows:
+        copied = self._copied(rel, files)
+        reads: list[tuple[DataFile, list[int] | None, int]] = []
+        for f in wanted:
+            found = self._copy_groups(rel, f, _keys_of_file(by_vnode, f)) \
+                if copied and f.kind == "base" else None
+            reads.append((f, None, self._rows_within(f, within)) if found is None
+                         else (f, *found))
+        if sum(rows for *_, rows in reads) > max_rows:
             return None
         self.check_files(rel, wanted)
         key = rel.key[0]
-        filters = [(key, "in", list(keys)), (VNODE, "in", list(vnodes))]
+        filters = [(key, "in", keys), (VNODE, "in", list(within.wanted or ()))]
+        key_set = pa.array(keys)
+        read = []
         try:
-            read = [(f, self.warehouse.read_parquet(f.uri, filters)) for f in wanted]
+            for f, groups, _ in reads:
+                if groups is None:
+                    read.append((f, self.warehouse.read_parquet(f.uri, filters)))
+                elif groups:
+                    rows = self.warehouse.read_row_groups(keyed_copy_uri(f.uri), groups)
+                    read.append((f, rows.filter(pc.is_in(
+                        rows[key], value_set=key_set.cast(rows[key].type)))))
         except (OSError, ValueError, pa.ArrowException) as err:
             _log.warning("%s: a file read on the driver failed (%s); reading it by Spark",
                          rel.name, err)
             return None
-        self.rows_read[self.reader or rel.name] += sum(self._rows_within(f, within)
-                                                       for f in wanted)
-        rows = _live_merged(rel, read, compaction_epoch(files), epoch)
-        return None if rows is None else rows.select(rel.column_names)
+        self.rows_read[self.reader or rel.name] += sum(rows for *_, rows in reads)
+        merged = _live_merged(rel, read, compaction_epoch(files), epoch)
+        return None if merged is None else merged.select(rel.column_names)
+
+    def _copied(self, rel: StoredRelation, files: Sequence[DataFile]) -> bool:
+        """Whether a lookup of a few keys reads ``rel``'s base ``files`` through their
+        keyed copies: a keyable base of ``keyed_copy_min_rows`` rows or more whose
+        folders all have copies. One that lacks them wants them (written after the
+        epoch commits)."""
+        base = [f for f in files if f.kind == "base"]
+        if not keyable(rel) or sum(f.rows for f in base) < self.keyed_copy_min_rows:
+            return False
+        if all(self._has_copies(folder) for folder in {f.folder_uri for f in base}):
+            return True
+        self.copies_wanted.add(rel.dir)
+        return False
 
     def _has_copies(self, folder_uri: str) -> bool:
         """Whether the base folder ``folder_uri``'s files have keyed copies."""
@@ -1470,6 +1512,14 @@ def last_rows_per_key(rows: pa.Table, key: Sequence[str], order: Sequence[str]) 
         last = pc.or_(last, other)
     return rows.filter(pa.concat_arrays([pa.chunked_array(last).combine_chunks(),
                                          pa.array([True])]))
+
+
+def _keys_of_file(by_vnode: Sequence[tuple[int, Any]], f: DataFile) -> list[Any]:
+    """The sorted keys of the sorted (vnode, key) pairs ``by_vnode`` that fall in the
+    vnodes of ``f``."""
+    lo = bisect.bisect_left(by_vnode, (f.vnode_min,))
+    hi = bisect.bisect_left(by_vnode, (f.vnode_max + 1,))
+    return sorted({k for _, k in by_vnode[lo:hi]})
 
 
 def _live_merged(rel: StoredRelation, read: Sequence[tuple[DataFile, pa.Table]],

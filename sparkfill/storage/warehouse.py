@@ -297,6 +297,11 @@ class Warehouse:
             return pq.read_table(self.fs_path(uri), filters=filters)
         return pq.read_table(self.fs_path(uri), filesystem=self.fs, filters=filters)
 
+    def read_row_groups(self, uri: str, groups: builtins.list[int]) -> pa.Table:
+        """The rows of one Parquet file's row groups ``groups``."""
+        with self.fs.open_input_file(self.fs_path(uri)) as fh:
+            return pq.ParquetFile(fh).read_row_groups(groups)
+
     def parquet_metadata(self, uri: str) -> pq.FileMetaData:
         with self.fs.open_input_file(self.fs_path(uri)) as fh:
             return pq.ParquetFile(fh).metadata
