@@ -78,9 +78,11 @@ __all__ = ["DmlStager", "TableDelta", "table_delta", "UPSERT", "DELETE"]
 #: a statement's batch (an UPDATE's or DELETE's rows) of at most this many rows is
 #: staged from the driver (``DmlStager.stage``'s ``small``)
 DRIVER_STAGE_ROWS = 20_000
-#: a table's change is computed on the driver (``_change_on_driver``) when the files
-#: that may hold its keys' old rows hold at most this many rows (read there with pyarrow)
-DRIVER_CHANGE_ROWS = 200_000
+#: a table's change is computed on the driver (``_change_on_driver``) when the row
+#: groups that may hold its keys' old rows hold at most this many rows (read there with
+#: pyarrow; through a large base's keyed copies, 1,000 random keys read about 265,000
+#: rows of 1M and 500,000 of 16M: bench/RESULTS.md, stop 76)
+DRIVER_CHANGE_ROWS = 600_000
 #: a change of at most this share of a table's rows (and more than ``KEY_VALUES``
 #: keys) meets its rows by a semi-join below the merge of base and log
 SEMI_FRACTION = 0.25
