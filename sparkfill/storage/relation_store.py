@@ -1318,16 +1318,20 @@ class RelationStore:
         key = rel.key[0]
         filters = [(key, "in", keys), (VNODE, "in", list(within.wanted or ()))]
         key_set = pa.array(keys)
+        names = physical_arrow_schema(rel.columns).names
         read = []
-        try:
+        try:  # (a file without one of the relation's columns: KeyError)
             for f, groups, _ in reads:
                 if groups is None:
-                    read.append((f, self.warehouse.read_parquet(f.uri, filters)))
+                    rows = self.warehouse.read_parquet(f.uri, filters)
                 elif groups:
                     rows = self.warehouse.read_row_groups(keyed_copy_uri(f.uri), groups)
-                    read.append((f, rows.filter(pc.is_in(
-                        rows[key], value_set=key_set.cast(rows[key].type)))))
-        except (OSError, ValueError, pa.ArrowException) as err:
+                    rows = rows.filter(pc.is_in(rows[key],
+                                                value_set=key_set.cast(rows[key].type)))
+                else:
+                    continue
+                read.append((f, rows.select(names)))
+        except (OSError, ValueError, KeyError, pa.ArrowException) as err:
             _log.warning("%s: a file read on the driver failed (%s); reading it by Spark",
                          rel.name, err)
             return None
