@@ -205,12 +205,12 @@ def keyed_reader(storage_options: dict[str, str] | None, key_column: str,
                 rows = rows.filter(pc.is_in(column, value_set=pa.array(
                     json.loads(keys), type=column.type)))
                 if rows.num_rows:
-                    yield from _conformed(rows, target_schema, held).to_batches()
+                    yield from conformed(rows, target_schema, held).to_batches()
 
     return read
 
 
-def _conformed(rows: Any, target: pa.Schema, held: set[str]) -> Any:
+def conformed(rows: Any, target: pa.Schema, held: set[str]) -> Any:
     """``rows`` (a table or a record batch read from a file whose columns are
     ``held``) as exactly ``target``: each column cast to its type, and NULL where the
     file lacks it (added to its relation after the file was written)."""
@@ -257,7 +257,7 @@ class _FilesReader(DataSourceReader):  # type: ignore[misc]
             held = set(parquet.schema_arrow.names)
             present = [c for c in self.columns if c in held]
             for batch in parquet.iter_batches(columns=present):
-                yield batch if batch.schema == target else _conformed(batch, target, held)
+                yield batch if batch.schema == target else conformed(batch, target, held)
 
 
 class _TextReader(DataSourceReader):  # type: ignore[misc]

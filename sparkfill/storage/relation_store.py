@@ -1318,9 +1318,9 @@ class RelationStore:
         key = rel.key[0]
         filters = [(key, "in", keys), (VNODE, "in", list(within.wanted or ()))]
         key_set = pa.array(keys)
-        names = physical_arrow_schema(rel.columns).names
+        target = physical_arrow_schema(rel.columns)
         read = []
-        try:  # (a file without one of the relation's columns: KeyError)
+        try:
             for f, groups, _ in reads:
                 if groups is None:
                     rows = self.warehouse.read_parquet(f.uri, filters)
@@ -1330,8 +1330,9 @@ class RelationStore:
                                                 value_set=key_set.cast(rows[key].type)))
                 else:
                     continue
-                read.append((f, rows.select(names)))
-        except (OSError, ValueError, KeyError, pa.ArrowException) as err:
+                # (a column the file lacks, added after it was written, is NULL)
+                read.append((f, object_files.conformed(rows, target, set(rows.column_names))))
+        except (OSError, ValueError, pa.ArrowException) as err:
             _log.warning("%s: a file read on the driver failed (%s); reading it by Spark",
                          rel.name, err)
             return None
