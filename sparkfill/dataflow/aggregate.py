@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import sqlglot
 from pyspark.sql import DataFrame
@@ -59,11 +60,23 @@ __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_r
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
            "values_by_extreme",
            "grouped_values", "keeps_input", "leaf_group_values_in", "leaf_extremes",
-           "with_ties", "FEW_GROUPS", "outputs", "evaluate", "state_may_wait", "LostInput"]
+           "with_ties", "FEW_GROUPS", "outputs", "evaluate", "state_may_wait", "LostInput",
+           "Guess"]
 
 #: the input rows at ``e-1`` of the groups that lost a min/max, from their JSON,
 #: vnodes and group values
 LostInput = Callable[[Sequence[str], Sequence[int], Sequence[tuple[object, ...]]], DataFrame]
+
+
+class Guess(NamedTuple):
+    """A running aggregate's changelog built on the guess that no group lost its
+    min/max this epoch: ``check`` holds a row for each group that did (none: the
+    guess holds, and the changelog is exact); ``instead`` builds the changelog with
+    those groups found first (their collect, a Spark job), caching into the list it
+    is given what it reads twice."""
+
+    check: DataFrame
+    instead: Callable[[list[DataFrame]], DataFrame]
 
 
 def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
@@ -123,14 +136,16 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
                      written: StateDelta | None, epoch: int, initial: bool,
                      held: HeldRows | None = None,
                      few_groups: bool = False,
-                     cached: list[DataFrame] | None = None) -> DataFrame | None:
+                     cached: list[DataFrame] | None = None,
+                     guesses: list[Guess] | None = None) -> DataFrame | None:
     """The MV's changelog from ``written``, the row stage's change as appended to the
     aggregate's state table this epoch (None: no change); ``initial``: the job's
     first epoch (a global aggregate emits its row for empty input); ``held``: the
     rows the MV held of its leaf before the epoch, where a lost min/max is found
     again (``extremes = 'leaf'``); ``few_groups``: ``written`` is a bulk Δ of at most
     ``FEW_GROUPS`` groups (estimated); ``cached``: takes the frames it caches (the
-    input rows of groups that lost a min/max), for release after the epoch."""
+    input rows of groups that lost a min/max), for release after the epoch;
+    ``guesses``: as ``aggregate_running``'s."""
     assert plan.agg is not None
     spec = plan.agg
     cols = [c.name for c in agg_state.columns]
@@ -172,7 +187,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
             assert in_groups is not None  # JSON strings
             return agg_input_rows(plan, agg_state, rows).where(in_groups)
         return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input,
-                                 few_groups, cached)
+                                 few_groups, cached, guesses)
     assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
@@ -186,7 +201,8 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
 def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                       agg_state: Relation, written: StateDelta, epoch: int,
                       lost_input: LostInput, few_groups: bool = False,
-                      cached: list[DataFrame] | None = None) -> DataFrame:
+                      cached: list[DataFrame] | None = None,
+                      guesses: list[Guess] | None = None) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
@@ -195,7 +211,10 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     (``lost_input``); with ``extremes = 'leaf'`` only one that retracts the last of
     its rows at the extreme. ``few_groups``: the Δ is a bulk one of at most
     ``FEW_GROUPS`` groups; ``cached``: takes the lost groups' input rows, cached (read
-    once, though their values and their rows at each extreme both count them)."""
+    once, though their values and their rows at each extreme both count them).
+    ``guesses``: where the Δ may retract an extreme, the changelog returned is the
+    one where no group lost it, and ``guesses`` takes the ``Guess`` that checks so
+    (without it, the lost groups are collected first: a Spark job of their own)."""
     running = spec.running
     assert running is not None
     ties = leaf_extremes(spec)
@@ -330,52 +349,68 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
         + f" AND NOT coalesce({q(name + '_in')} {cmp} {was(name)}, FALSE))"
         for name, kind, arg in running if kind in ("min", "max")
         for cmp in [">=" if kind == "max" else "<="])
-    lost_groups: list[tuple[str, int, tuple[object, ...]]] = []
-    if lost and may_retract(written):
-        # the groups that lost their extreme (and still have rows): a small collect,
-        # only when rows left (an insert-only Δ retracts nothing)
-        group_cols = ", ".join(map(q, spec.group))
-        lost_groups = [(str(r[0]), int(r[1]), tuple(r[2:])) for r in sql_over(
-            f"SELECT {GROUP_OF_ROW}, {vnode_sql([GROUP_OF_ROW])}, {group_cols} FROM (SELECT "
-            f"{GROUP_OF_ROW}, {group_cols}, ({lost}) AS _sf_lost, "
-            f"{', '.join(new_values_sql(False))} FROM ({joined}) AS _sf_j) AS _sf_n "
-            f"WHERE _sf_lost AND {GROUP_ROWS} > 0", frames).collect()]
+    group_cols = ", ".join(map(q, spec.group))
+    # the groups that lost their extreme (and still have rows)
+    lost_sql = (f"SELECT {GROUP_OF_ROW}, {vnode_sql([GROUP_OF_ROW])}, {group_cols} FROM (SELECT "
+                f"{GROUP_OF_ROW}, {group_cols}, ({lost}) AS _sf_lost, "
+                f"{', '.join(new_values_sql(False))} FROM ({joined}) AS _sf_j) AS _sf_n "
+                f"WHERE _sf_lost AND {GROUP_ROWS} > 0") if lost else ""
+
+    def lost_groups() -> list[tuple[str, int, tuple[object, ...]]]:
+        """The groups that lost their extreme: a small collect (one Spark job)."""
         store.spark_jobs += 1
-    if lost_groups:
-        # their extremes recomputed from their input rows (the state's rows of those
-        # groups with the Δ applied) and joined in beside the running values
-        groups = sorted({g for g, _, _ in lost_groups})
-        old_input = lost_input(groups, sorted({v for _, v, _ in lost_groups}),
-                               [values for _, _, values in lost_groups])
-        in_groups = values_in(GROUP_OF_ROW, groups)
-        assert in_groups is not None  # JSON strings
-        new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
-        if cached is not None:
-            # the lost groups' rows are few, but finding them reads the leaf (or the
-            # state) by group, not by key: read once, for both the groups' values and
-            # their rows at each extreme
-            new_input = persisted(new_input)
-            cached.append(new_input)
-        frames["_sf_re"] = group_values(spec, new_input).selectExpr(
-            f"{group_json_sql(spec.group, row_types)} AS _sf_rekey",
-            *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running
-              if kind in ("min", "max")],
-            *[f"{q(running_ties_column(name))} AS {q('_sf_re' + running_ties_column(name))}"
-              for name, _, _ in ties])
-        joined = (f"SELECT _sf_j.*, _sf_r.*, _sf_r._sf_rekey IS NOT NULL AS _sf_lost "
+        return [(str(r[0]), int(r[1]), tuple(r[2:])) for r in sql_over(lost_sql, frames).collect()]
+
+    def changelog(lost_groups: list[tuple[str, int, tuple[object, ...]]],
+                  cached: list[DataFrame] | None) -> DataFrame:
+        """The MV's changelog, ``lost_groups`` the groups that lost their extreme."""
+        with_lost, on = dict(frames), joined
+        if lost_groups:
+            # their extremes recomputed from their input rows (the state's rows of
+            # those groups with the Δ applied) and joined in beside the running values
+            groups = sorted({g for g, _, _ in lost_groups})
+            old_input = lost_input(groups, sorted({v for _, v, _ in lost_groups}),
+                                   [values for _, _, values in lost_groups])
+            in_groups = values_in(GROUP_OF_ROW, groups)
+            assert in_groups is not None  # JSON strings
+            new_input = apply_delta(old_input, delta.where(in_groups), agg_state)
+            if cached is not None:
+                # the lost groups' rows are few, but finding them reads the leaf (or
+                # the state) by group, not by key: read once, for both the groups'
+                # values and their rows at each extreme
+                new_input = persisted(new_input)
+                cached.append(new_input)
+            with_lost["_sf_re"] = group_values(spec, new_input).selectExpr(
+                f"{group_json_sql(spec.group, row_types)} AS _sf_rekey",
+                *[f"{q(name)} AS {q('_sf_re' + name)}" for name, kind, _ in running
+                  if kind in ("min", "max")],
+                *[f"{q(running_ties_column(name))} AS "
+                  f"{q('_sf_re' + running_ties_column(name))}" for name, _, _ in ties])
+            on = (f"SELECT _sf_j.*, _sf_r.*, _sf_r._sf_rekey IS NOT NULL AS _sf_lost "
                   f"FROM ({joined}) AS _sf_j LEFT JOIN {{_sf_re}} AS _sf_r "
                   f"ON _sf_j.{GROUP_OF_ROW} = _sf_r._sf_rekey")
-    new_values = (f"SELECT {', '.join([GROUP_OF_ROW, *map(q, spec.group)])}, "
-                  f"{', '.join(new_values_sql(bool(lost_groups)))}, {BEFORE} "
-                  f"FROM ({joined}) AS _sf_j")
-    # a group's change: its old row (the before-image) against its new values
-    # (none when its last row left); one projection over every touched group, so
-    # the plan above computes them once
-    live = f"{GROUP_ROWS} > 0"
-    rows = outputs_sql(mv, spec, new_values, row_types, carry=(BEFORE,), only_if=live)
-    pairs = (f"SELECT {GROUP_KEY}, {BEFORE}, IF({live}, {image_sql(names)}, NULL) "
-             f"AS {AFTER} FROM ({rows}) AS _sf_rows")
-    return sql_over(changelog_sql(pairs, names, mv.key), frames)
+        new_values = (f"SELECT {', '.join([GROUP_OF_ROW, *map(q, spec.group)])}, "
+                      f"{', '.join(new_values_sql(bool(lost_groups)))}, {BEFORE} "
+                      f"FROM ({on}) AS _sf_j")
+        # a group's change: its old row (the before-image) against its new values
+        # (none when its last row left); one projection over every touched group, so
+        # the plan above computes them once
+        live = f"{GROUP_ROWS} > 0"
+        rows = outputs_sql(mv, spec, new_values, row_types, carry=(BEFORE,), only_if=live)
+        pairs = (f"SELECT {GROUP_KEY}, {BEFORE}, IF({live}, {image_sql(names)}, NULL) "
+                 f"AS {AFTER} FROM ({rows}) AS _sf_rows")
+        return sql_over(changelog_sql(pairs, names, mv.key), with_lost)
+
+    if not lost or not may_retract(written):  # (an insert-only Δ retracts nothing)
+        return changelog([], cached)
+    if guesses is None:
+        return changelog(lost_groups(), cached)
+    # the guess that no group lost its extreme, and the rows that would prove it
+    # wrong: checked in the job that writes the changelog (the epoch's flush), where
+    # the lost groups' collect would be a job of its own before it
+    guesses.append(Guess(sql_over(f"SELECT {GROUP_OF_ROW} FROM ({lost_sql}) AS _sf_l", frames),
+                         lambda cached: changelog(lost_groups(), cached)))
+    return changelog([], cached)
 
 
 #: at most this many lost groups filter a leaf's rows by their group columns

@@ -82,6 +82,10 @@ class DataflowResult:
     #: the changelog as rows on the driver, ``delta`` then None (a table's change of new
     #: keys: ``TableDelta.rows``): written from there
     rows: pa.Table | None = None
+    #: ``delta`` is a running aggregate's changelog on the guess that no group lost its
+    #: min/max (``aggregate.Guess``): written only once ``guess.check`` is found empty,
+    #: else ``guess.instead``'s changelog is
+    guess: aggregate.Guess | None = None
 
 
 class MvDataflow:
@@ -94,13 +98,16 @@ class MvDataflow:
     def run(self, mv: Relation, leaves: Sequence[Relation], states: Sequence[Relation],
             changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
             rows_hint: int, leaf_rows: Sequence[int] | None = None,
-            held: Sequence[HeldRows] | None = None) -> DataflowResult:
+            held: Sequence[HeldRows] | None = None, may_guess: bool = False,
+            ) -> DataflowResult:
         """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
         the job's first epoch (a global aggregate emits its row for empty input);
         ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
         changes hold, ``leaf_rows`` (when known) each leaf's share; ``held[i]``: the
         rows of leaf ``i`` the MV held before the epoch, read only when an aggregate
-        finds a lost min/max again there (``AggSpec.extremes``)."""
+        finds a lost min/max again there (``AggSpec.extremes``); ``may_guess``: a
+        running aggregate's Δ may be a guess (``DataflowResult.guess``), which the
+        caller checks before it writes the Δ or gives it to any reader."""
         plan = mv.plan
         assert plan is not None
         result = DataflowResult(None)
@@ -178,9 +185,11 @@ class MvDataflow:
                 few_groups = groups <= aggregate.FEW_GROUPS
                 result.rows_hint = aggregate.changed_rows_bound(groups)
                 self.store.spark_jobs += 1
+        guesses: list[aggregate.Guess] | None = [] if may_guess else None
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
                                                   epoch, initial, held[0] if held else None,
-                                                  few_groups, result.cached)
+                                                  few_groups, result.cached, guesses)
+        result.guess = guesses[0] if guesses else None
         if isinstance(written, Appended) and written.key_count is not None:
             result.rows_hint = aggregate.changed_rows_bound(written.key_count)
         return result

@@ -36,6 +36,7 @@ Epoch ``e``:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import statistics
@@ -62,6 +63,7 @@ from ..backfill.state import (
     state_from_rows,
     state_to_row,
 )
+from ..dataflow.aggregate import Guess
 from ..dataflow.cached import epoch_cache, persisted
 from ..dataflow.change import Deferred, Emit, HeldRows, StateDelta, change_of
 from ..dataflow.changelog import after_images, consolidate
@@ -143,6 +145,8 @@ class EpochAppends:
     tagged: list[tuple[int, int, int]] = field(default_factory=list)
     #: small Δs of MVs nothing reads this epoch, appended together by ``flush``
     deferred: list[tuple[Relation, DataFrame]] = field(default_factory=list)
+    #: the guesses among them (an index of ``deferred``): checked in ``flush``'s job
+    guesses: dict[int, Guess] = field(default_factory=dict)
     #: Δs cached for the epoch (a rewritten state's), released after the commit
     cached: list[DataFrame] = field(default_factory=list)
     #: write every Δ alone, none deferred (the run that finds whose deferred Δ failed)
@@ -196,25 +200,37 @@ class EpochAppends:
         return Appended(written.version, written.observed._replace(counts=counts),
                         lambda: delta)
 
-    def defer(self, rel: Relation, delta: DataFrame) -> None:
+    def defer(self, rel: Relation, delta: DataFrame, guess: Guess | None = None) -> None:
         """Append ``rel``'s small Δ with the others deferred, in ``flush``: for an MV
         nothing reads this epoch (its Δ is needed only once committed), or a state
-        table whose operator reads the Δ's plan."""
+        table whose operator reads the Δ's plan. ``guess``: ``delta`` is a guess
+        (``DataflowResult.guess``), checked in the flush's job."""
+        if guess is not None:
+            self.guesses[len(self.deferred)] = guess
         self.deferred.append((rel, delta))
 
     def flush(self) -> None:
-        """Append the deferred Δs: their rows come to the driver in one Spark job.
-        Nothing reads them back this epoch (they waited because nothing does), so
-        ``deltas`` does not take them."""
+        """Append the deferred Δs: their rows come to the driver in one Spark job, with
+        the rows that check each guessed one (a wrong guess's Δ is built anew, its
+        collect a job of its own). Nothing reads them back this epoch (they waited
+        because nothing does), so ``deltas`` does not take them."""
         items, self.deferred = self.deferred, []
+        guesses, self.guesses = self.guesses, {}
+        checks = {i: (g.check, functools.partial(self._instead, items[i][0], g))
+                  for i, g in guesses.items()}
         written = self.store.append_many([(rel.stored, delta) for rel, delta in items],
-                                         self.epoch)
+                                         self.epoch, checks)
         for (rel, _), out in zip(items, written, strict=True):
             if out is not None:
                 if out.rewritten:  # (its Δ is not read: only its counts are wanted)
                     out = self._recovered_rewrite(rel, out)
                 self.counts[rel.id] = out.counts
                 self.versions[rel.id] = out.version
+
+    def _instead(self, rel: Relation, guess: Guess) -> DataFrame:
+        """``rel``'s Δ where its guess was wrong: built anew, its reads counted as its."""
+        with self.store.reading_for(rel.name):
+            return guess.instead(self.cached)
 
     def emitter(self, tag: int | None = None, may_wait: bool = False,
                 may_retract: bool = True) -> Emit:
@@ -757,6 +773,15 @@ class EpochCoordinator:
                     with self.store.reading_for(rel.name):
                         out, scans, hint = self._delta_of(rel, by_table, appends, plan, epoch,
                                                           created, choices)
+                if out is not None and out.rows_hint is not None:
+                    hint = min(hint, out.rows_hint)
+                deferred = (out is not None and out.delta is not None and not scans
+                            and out.tag is None and rel.kind == "mv" and not out.recomputed
+                            and hint <= LOCAL_WRITE_ROWS and appends.unread(rel)
+                            and not appends.no_defer)
+                if out is not None and out.guess is not None and not deferred:
+                    # a guessed Δ that is read, or written alone: the lost groups first
+                    out.delta, out.guess = out.guess.instead(out.cached), None
                 if out is not None:
                     cached.extend(out.cached)
                 if scans:
@@ -767,17 +792,13 @@ class EpochCoordinator:
                                         [state_to_row(rel.id, scan.state, scan.pinned_epoch, leaf)])
                     if all(isinstance(scan.state, Done) for scan in scans):
                         created.append(rel.id)
-                if out is not None and out.rows_hint is not None:
-                    hint = min(hint, out.rows_hint)
                 if out is not None and out.rows is not None:
                     # a table's change computed on the driver: written from there
                     with self.store.reading_for(rel.name):
                         appends.append(rel, None, hint, rows=out.rows)
                 elif out is not None and out.delta is not None:
-                    if (not scans and out.tag is None and rel.kind == "mv" and not out.recomputed
-                            and hint <= LOCAL_WRITE_ROWS and appends.unread(rel)
-                            and not appends.no_defer):
-                        appends.defer(rel, out.delta)
+                    if deferred:
+                        appends.defer(rel, out.delta, out.guess)
                     elif (not scans and out.tag is None
                           and not (out.placed or out.prepared or out.as_read)
                           and rel.row_count > LOCAL_WRITE_ROWS and appends.log_unread(rel)
@@ -989,7 +1010,7 @@ class EpochCoordinator:
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
                                       [appends.rows(leaf.id) for leaf in leaves],
                                       held=[self._held(leaf, Held(epoch - 1))
-                                            for leaf in leaves]),
+                                            for leaf in leaves], may_guess=True),
                     [], hint)
         if rel.id in plan.get("queued", []):
             return None, [], 0

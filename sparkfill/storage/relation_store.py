@@ -888,30 +888,34 @@ class RelationStore:
     def _arrow_rows(self, rel: StoredRelation, df: DataFrame, epoch: int) -> pa.Table:
         """A small changelog's rows on the driver as Arrow, in ``rel``'s physical schema
         with ``_epoch`` = ``epoch`` (one Spark job)."""
+        return _with_epoch(self._arrow_rows_raw(rel, df), epoch)
+
+    def _arrow_rows_raw(self, rel: StoredRelation, df: DataFrame) -> pa.Table:
+        """A small changelog's rows on the driver as Arrow, in ``rel``'s physical schema
+        but ``_epoch`` (one Spark job)."""
         # the row as one struct (one SQL text: a classic session sends a list of
         # them one element per round trip), its fields made columns on the driver
         casts = ", ".join(cast_sql(f) for f in _collected_fields(rel))
         rows = df.selectExpr(f"struct({casts}) AS _sf_row").toArrow()
         self.spark_jobs += 1
-        return _with_epoch(pa.Table.from_struct_array(rows["_sf_row"]), epoch)
+        return pa.Table.from_struct_array(rows["_sf_row"])
 
-    def _arrow_rows_many(self, parts: Sequence[tuple[StoredRelation, DataFrame]], epoch: int,
+    def _arrow_rows_many(self, parts: Sequence[tuple[Sequence[T.StructField], DataFrame]],
                          ) -> list[pa.Table]:
-        """The rows of several small changelogs (of different relations) on the driver,
-        each in its relation's physical schema with ``_epoch`` = ``epoch``, in one
-        Spark job: a union of one row shape with a column per (part, field), NULL
-        outside its part. Each part's row is selected as one struct (expanded after
-        the union): one SQL text per part, where a list of a text per column would
-        cost a classic session a Py4J round trip per column and part."""
-        fields = [_collected_fields(rel) for rel, _ in parts]
-
+        """The rows of several small frames (changelogs of different relations, each
+        with its relation's collected fields, and any other small frame with its own)
+        on the driver, each as a table of its ``fields``, in one Spark job: a union of
+        one row shape with a column per (part, field), NULL outside its part. Each
+        part's row is selected as one struct (expanded after the union): one SQL text
+        per part, where a list of a text per column would cost a classic session a
+        Py4J round trip per column and part."""
         def slot(i: int, k: int) -> str:
             return f"_sf{i}_{k}"
 
         selected = []
         for i, (_, df) in enumerate(parts):
             cols = [f"{i} AS _sf_part"]
-            for m, fs in enumerate(fields):
+            for m, (fs, _) in enumerate(parts):
                 for k, f in enumerate(fs):
                     value = quoted(f.name) if m == i else "NULL"
                     cols.append(f"CAST({value} AS {f.dataType.simpleString()}) AS {slot(m, k)}")
@@ -921,10 +925,10 @@ class RelationStore:
             union = union.unionAll(other)
         table = union.selectExpr("_sf_row.*").toArrow()
         self.spark_jobs += 1
-        return [_with_epoch(table.filter(pc.equal(table["_sf_part"], i))
-                            .select([slot(i, k) for k in range(len(fs))])
-                            .rename_columns([f.name for f in fs]), epoch)
-                for i, fs in enumerate(fields)]
+        return [table.filter(pc.equal(table["_sf_part"], i))
+                .select([slot(i, k) for k in range(len(fs))])
+                .rename_columns([f.name for f in fs])
+                for i, (fs, _) in enumerate(parts)]
 
     def _write_arrow(self, rel: StoredRelation, table: pa.Table, subdir: str,
                      key_column: str | None, keep_empty: bool = False,
@@ -1016,12 +1020,16 @@ class RelationStore:
             observed = _observed(observation.get)
         return self._commit_append(dt, rel, epoch, subdir, actions, observed)
 
-    def append_many(self, items: Sequence[tuple[StoredRelation, DataFrame]],
-                    epoch: int) -> list[Appended | None]:
+    def append_many(self, items: Sequence[tuple[StoredRelation, DataFrame]], epoch: int,
+                    checks: Mapping[int, tuple[DataFrame, Callable[[], DataFrame]]]
+                    | None = None) -> list[Appended | None]:
         """``append`` of several small changelogs (each expected to hold at most
         ``LOCAL_WRITE_ROWS`` rows) of different relations for ``epoch``: their rows
         come to the driver in one Spark job, then each is written and committed as
-        ``append`` would. Idempotent per relation and epoch, as ``append``."""
+        ``append`` would. ``checks[i]``: item ``i``'s changelog is a guess, and a
+        small frame whose rows (collected in the same job) say it was wrong, with
+        the changelog to take then (collected in a job of its own). Idempotent per
+        relation and epoch, as ``append``."""
         results: list[Appended | None] = [None] * len(items)
         todo: list[tuple[int, DeltaTable]] = []
         for i, (rel, _) in enumerate(items):
@@ -1032,11 +1040,19 @@ class RelationStore:
                 todo.append((i, dt))
         if not todo:
             return results
-        tables = self._arrow_rows_many([(items[i][0], items[i][1]) for i, _ in todo], epoch)
-        for (i, dt), table in zip(todo, tables, strict=True):
+        checks = checks or {}
+        checked = [i for i, _ in todo if i in checks]
+        tables = self._arrow_rows_many(
+            [(_collected_fields(items[i][0]), items[i][1]) for i, _ in todo]
+            + [(checks[i][0].schema.fields, checks[i][0]) for i in checked])
+        rows = dict(zip([i for i, _ in todo], tables, strict=False))
+        for i, found in zip(checked, tables[len(todo):], strict=True):
+            if found.num_rows:  # the guess was wrong: its changelog built anew
+                rows[i] = self._arrow_rows_raw(items[i][0], checks[i][1]())
+        for i, dt in todo:
             rel = items[i][0]
             subdir = self._log_subdir(epoch)
-            actions, observed = self._write_arrow(rel, table, subdir, None)
+            actions, observed = self._write_arrow(rel, _with_epoch(rows[i], epoch), subdir, None)
             results[i] = self._commit_append(dt, rel, epoch, subdir, actions, observed)
         return results
 
