@@ -821,8 +821,9 @@ def test_a_guessed_running_aggregate_is_checked_in_the_flush_and_rebuilt_when_wr
     """A running min/max whose Δ retracts rows is written on the guess that no group
     lost its extreme, checked in the epoch's flush job (no collect of the lost groups
     first: one Spark job fewer); a wrong guess (a group's unique max deleted) is
-    rebuilt with the lost groups found first, exact. An MV another MV reads is not
-    guessed: its lost groups are found before its Δ is read."""
+    rebuilt with the lost groups found first, exact, their rows read from the leaf on
+    the driver. An MV another MV reads is not guessed: its lost groups are found
+    before its Δ is read."""
     from sparkfill.dataflow import mv as mv_mod
     from sparkfill.storage.relation_store import RelationStore
 
@@ -839,8 +840,15 @@ def test_a_guessed_running_aggregate_is_checked_in_the_flush_and_rebuilt_when_wr
     engine.sql("CREATE MATERIALIZED VIEW over_read WITH (backfill = 'blocking') AS "
                "SELECT count(*) AS n, max(mx) AS top FROM read")
     engine.step()
-    checked, rebuilt = [], []
+    checked, rebuilt, on_driver = [], [], []
     real = RelationStore.append_many
+    real_rows_in = RelationStore.rows_in_on_driver
+
+    def rows_in(self, rel, epoch, column, values, max_rows):
+        found = real_rows_in(self, rel, epoch, column, values, max_rows)
+        on_driver.append((rel.name, column, list(values), found is not None))
+        return found
+    monkeypatch.setattr(RelationStore, "rows_in_on_driver", rows_in)
 
     def spied(self, items, epoch, checks=None):
         def counted(instead):
@@ -880,6 +888,8 @@ def test_a_guessed_running_aggregate_is_checked_in_the_flush_and_rebuilt_when_wr
     wrong = engine.step()
     verify_all(wrong.epoch)
     assert rebuilt == [wrong.epoch]
+    # the lost group's rows read on the driver, for `a` and for `read`
+    assert on_driver == [("t", "g", [1], True)] * 2, on_driver
     assert engine.read("a").where("g = 1").first()["mx"] == 49
     for name in ("a", "read", "over_read"):
         assert engine.verify(name).count() == 0, name

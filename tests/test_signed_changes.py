@@ -31,8 +31,16 @@ MVS = {
 
 @pytest.fixture
 def narrowed(monkeypatch):
+    return _spied_narrowed(monkeypatch)
+
+
+def _spied_narrowed(monkeypatch) -> list[bool]:
     """The reads narrowed to some groups' rows (an aggregate finding a lost max again
-    in its leaf): how many merged a log with the base's rows that pass."""
+    in its leaf): how many merged a log with the base's rows that pass. Spark's read:
+    none is read on the driver (``DRIVER_HELD_ROWS``)."""
+    from sparkfill.backfill import state
+
+    monkeypatch.setattr(state, "DRIVER_HELD_ROWS", 0)
     calls = []
     real = relation_store.RelationStore.snapshot
 
@@ -130,11 +138,26 @@ def test_signed_changes_keep_joins_aggregates_and_projections_exact(
     assert held == (t_at.where("v % 2 = 0").count() if large_t else 0)
 
 
+@pytest.mark.parametrize("reader", ["spark", "driver"])
 def test_a_lost_max_found_again_merges_the_groups_base_rows_with_the_whole_log(
-        engine, spark, narrowed):
+        engine, spark, monkeypatch, reader):
     """A group's max lost while a row of its base has moved to another group in the
     log: the narrowed read keeps only the group's base rows but merges them with every
-    log row, so the moved row's latest version (another group) wins, not its base one."""
+    log row, so the moved row's latest version (another group) wins, not its base one
+    — by Spark, and on the driver (``rows_in_on_driver``) where the leaf is small."""
+    if reader == "spark":
+        narrowed = _spied_narrowed(monkeypatch)
+    else:
+        narrowed = []
+        real = relation_store.RelationStore.rows_in_on_driver
+
+        def spy(store, rel, epoch, column, values, max_rows):
+            found = real(store, rel, epoch, column, values, max_rows)
+            files = store.files_at(rel, epoch)
+            narrowed.append(found is not None and any(f.kind == "log" for f in files)
+                            and any(f.kind == "base" for f in files))
+            return found
+        monkeypatch.setattr(relation_store.RelationStore, "rows_in_on_driver", spy)
     engine.store.min_compact_rows, engine.store.log_fraction = 3, 1.0
     engine.sql("CREATE TABLE t (id BIGINT, g INT, v BIGINT, PRIMARY KEY (id))")
     engine.insert("t", [{"id": 1, "g": 1, "v": 50}, {"id": 2, "g": 1, "v": 100},

@@ -128,6 +128,9 @@ class HeldRows:
     #: keeps passes (None: it keeps any), which the read may filter by early
     read: Callable[[str | None], DataFrame]
     empty: bool = False
+    #: the rows whose given column holds one of the given values (none NULL), read on
+    #: the driver where that costs less than Spark's scan (None: not there, ask ``read``)
+    rows_in: Callable[[str, Sequence[object]], DataFrame | None] | None = None
 
     def __call__(self, narrow: str | None = None) -> DataFrame:
         return self.read(narrow)

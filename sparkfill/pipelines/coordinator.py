@@ -60,6 +60,7 @@ from ..backfill.state import (
     NotStarted,
     ScanResult,
     held_rows,
+    held_rows_in,
     state_from_rows,
     state_to_row,
 )
@@ -1072,7 +1073,9 @@ class EpochCoordinator:
 
     def _held(self, leaf: Relation, held: Held) -> HeldRows:
         """The rows of ``leaf`` an MV held before the epoch, read when asked for."""
-        return HeldRows(lambda narrow: held_rows(self.store, leaf, held, narrow), held.empty)
+        return HeldRows(lambda narrow: held_rows(self.store, leaf, held, narrow), held.empty,
+                        lambda column, values: held_rows_in(self.store, leaf, held, column,
+                                                            values))
 
     @staticmethod
     def _follow(leaf: Relation, delta: DataFrame | None,

@@ -1356,6 +1356,49 @@ class RelationStore:
         merged = _live_merged(rel, read, compaction_epoch(files), epoch)
         return None if merged is None else merged.select(rel.column_names)
 
+    def rows_in_on_driver(self, rel: StoredRelation, epoch: int, column: str,
+                          values: Sequence[Any], max_rows: int) -> DataFrame | None:
+        """The live rows at ``epoch`` (``rel``'s columns) whose ``column`` holds one of
+        ``values`` (none NULL), read and merged on the driver with pyarrow, as a frame
+        of the driver's rows: of the base only those rows (its row groups whose
+        statistics can hold one), the log whole (a row's last change may move it into
+        or out of them), merged by key as a snapshot merges, then filtered. For a few
+        groups' rows of a relation not laid out by group (an aggregate's lost min/max
+        found again in its leaf), where Spark would scan it in a job of its own. None
+        — the caller asks Spark — when the driver does not merge ``rel``'s keys or
+        compare ``column`` as Spark does (integers and strings only), when its files
+        hold more than ``max_rows`` rows, or when one cannot be read there;
+        ``DamagedFile`` as ``snapshot``."""
+        types = {c.name: arrow_type(c.type) for c in rel.columns}
+        kind = types.get(column)
+        if (not values or kind is None or not _driver_foldable(rel)
+                or not (pa.types.is_integer(kind) or pa.types.is_string(kind))
+                or any(pa.types.is_nested(t) for t in types.values())
+                or any(v is None for v in values)):
+            return None
+        files = self.files_at(rel, epoch)
+        if sum(f.rows for f in files) > max_rows:
+            return None
+        self.check_files(rel, files)
+        wanted = pa.array(sorted(set(values)), type=kind)
+        read = []
+        try:
+            for f in files:
+                rows = self.warehouse.read_parquet(
+                    f.uri, [(column, "in", wanted.to_pylist())] if f.kind == "base" else None)
+                read.append((f, rows))
+        except (OSError, ValueError, pa.ArrowException) as err:
+            _log.warning("%s: a file read on the driver failed (%s); reading it by Spark",
+                         rel.name, err)
+            return None
+        self.rows_read[self.reader or rel.name] += sum(rows.num_rows for _, rows in read)
+        merged = _live_merged(rel, read, compaction_epoch(files), epoch)
+        if merged is None:
+            return None
+        kept = merged.filter(pc.is_in(merged[column], value_set=wanted))
+        return self.spark.createDataFrame(kept.select(rel.column_names)).selectExpr(
+            *[f"CAST({quoted(c.name)} AS {c.type}) AS {quoted(c.name)}" for c in rel.columns])
+
     def _copied(self, rel: StoredRelation, files: Sequence[DataFile]) -> bool:
         """Whether a lookup of a few keys reads ``rel``'s base ``files`` through their
         keyed copies: a keyable base of ``keyed_copy_min_rows`` rows or more whose
