@@ -12,8 +12,11 @@ state's Δ waits for the epoch's flush) updated by the signed Δ, reading input 
 only for a group that lost its min/max: from the state, or (``extremes = 'leaf'``)
 from the rows the MV held of its leaf before the epoch, row-staged. A min/max found
 again in the leaf keeps its group's count of rows at the extreme, so it is lost
-only when the last of them leaves. A global aggregate is one partition: it reads
-its whole state, and emits its row for empty input in the job's first epoch.
+only when the last of them leaves. Which groups lost one is found by a small collect,
+or, for a Δ nothing reads this epoch, guessed as none and checked in the job that
+writes the Δ (``Guess``): a wrong guess's Δ is built again, never written. A global
+aggregate is one partition: it reads its whole state, and emits its row for empty
+input in the job's first epoch.
 """
 
 from __future__ import annotations
