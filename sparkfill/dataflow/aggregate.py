@@ -62,7 +62,7 @@ from .statement import sql_over
 __all__ = ["agg_input_rows", "aggregate_change", "aggregate_running", "changed_rows_bound",
            "estimate_groups", "evaluate_counted", "exact_add_sql", "group_values",
            "values_by_extreme", "grouped_values", "keeps_input", "leaf_group_columns",
-           "leaf_group_values_in", "leaf_extremes",
+           "leaf_extremes",
            "with_ties", "FEW_GROUPS", "outputs", "evaluate", "state_may_wait", "LostInput",
            "Guess"]
 
@@ -178,24 +178,23 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
             assert held is not None, "a min/max found again in the leaf needs its rows"
             # a group of one leaf column: its rows read on the driver where the leaf is
             # small enough (a job and its plan saved)
-            column = leaf_group_columns(plan)
-            if (column is not None and len(column) == 1 and held.rows_in is not None
-                    and (on_driver := held.rows_in(column[0], [v[0] for v in values]))
-                    is not None):
+            columns = leaf_group_columns(plan)
+            on_driver = (held.rows_in(columns[0], [v[0] for v in values])
+                         if columns is not None and len(columns) == 1
+                         and held.rows_in is not None else None)
+            if on_driver is not None:
                 rows = project(plan, [on_driver])
-                in_groups = values_in(GROUP_OF_ROW, groups)
-                assert in_groups is not None  # JSON strings
-                return agg_input_rows(plan, agg_state, rows).where(in_groups)
-            # the groups' values over the leaf's own columns: the read drops the other
-            # groups' rows of its base as it reads them, and merges what is left with
-            # its log in one job (its rows then pass that filter already)
-            narrow = leaf_group_values_in(plan, values)
-            rows = project(plan, [held(narrow)])
-            if narrow is None and (prefilter := group_values_in(spec.group, values)) \
-                    is not None:
-                # by the group columns first: Spark filters the leaf's rows as it reads
-                # them, before each row's group JSON is built
-                rows = rows.where(prefilter)
+            else:
+                # the groups' values over the leaf's own columns: the read drops the
+                # other groups' rows of its base as it reads them, and merges what is
+                # left with its log in one job (its rows then pass that filter already)
+                narrow = None if columns is None else group_values_in(columns, values)
+                rows = project(plan, [held(narrow)])
+                if narrow is None and (prefilter := group_values_in(spec.group, values)) \
+                        is not None:
+                    # by the group columns first: Spark filters the leaf's rows as it
+                    # reads them, before each row's group JSON is built
+                    rows = rows.where(prefilter)
             in_groups = values_in(GROUP_OF_ROW, groups)
             assert in_groups is not None  # JSON strings
             return agg_input_rows(plan, agg_state, rows).where(in_groups)
@@ -463,13 +462,6 @@ def leaf_group_columns(plan: MvPlan) -> list[str] | None:
             return None
         leaf_columns.append(node.name)
     return leaf_columns
-
-
-def leaf_group_values_in(plan: MvPlan, values: Sequence[tuple[object, ...]]) -> str | None:
-    """``group_values_in`` over the leaf's columns, when each group column is one of
-    them as it is (None: one is an expression, or ``group_values_in`` gives none)."""
-    leaf_columns = leaf_group_columns(plan)
-    return None if leaf_columns is None else group_values_in(leaf_columns, values)
 
 
 def group_values(spec: AggSpec, rows: DataFrame) -> DataFrame:

@@ -144,10 +144,9 @@ class EpochAppends:
     versions: dict[int, int] = field(default_factory=dict)
     #: appends made as an earlier epoch (a snapshot job catching up): (relation, epoch, version)
     tagged: list[tuple[int, int, int]] = field(default_factory=list)
-    #: small Δs of MVs nothing reads this epoch, appended together by ``flush``
-    deferred: list[tuple[Relation, DataFrame]] = field(default_factory=list)
-    #: the guesses among them (an index of ``deferred``): checked in ``flush``'s job
-    guesses: dict[int, Guess] = field(default_factory=dict)
+    #: small Δs of MVs nothing reads this epoch, appended together by ``flush``, each
+    #: with its guess (``DataflowResult.guess``), checked in that job
+    deferred: list[tuple[Relation, DataFrame, Guess | None]] = field(default_factory=list)
     #: Δs cached for the epoch (a rewritten state's), released after the commit
     cached: list[DataFrame] = field(default_factory=list)
     #: write every Δ alone, none deferred (the run that finds whose deferred Δ failed)
@@ -206,9 +205,7 @@ class EpochAppends:
         nothing reads this epoch (its Δ is needed only once committed), or a state
         table whose operator reads the Δ's plan. ``guess``: ``delta`` is a guess
         (``DataflowResult.guess``), checked in the flush's job."""
-        if guess is not None:
-            self.guesses[len(self.deferred)] = guess
-        self.deferred.append((rel, delta))
+        self.deferred.append((rel, delta, guess))
 
     def flush(self) -> None:
         """Append the deferred Δs: their rows come to the driver in one Spark job, with
@@ -216,12 +213,11 @@ class EpochAppends:
         collect a job of its own). Nothing reads them back this epoch (they waited
         because nothing does), so ``deltas`` does not take them."""
         items, self.deferred = self.deferred, []
-        guesses, self.guesses = self.guesses, {}
-        checks = {i: (g.check, functools.partial(self._instead, items[i][0], g))
-                  for i, g in guesses.items()}
-        written = self.store.append_many([(rel.stored, delta) for rel, delta in items],
+        checks = {i: (g.check, functools.partial(self._instead, rel, g))
+                  for i, (rel, _, g) in enumerate(items) if g is not None}
+        written = self.store.append_many([(rel.stored, delta) for rel, delta, _ in items],
                                          self.epoch, checks)
-        for (rel, _), out in zip(items, written, strict=True):
+        for (rel, _, _), out in zip(items, written, strict=True):
             if out is not None:
                 if out.rewritten:  # (its Δ is not read: only its counts are wanted)
                     out = self._recovered_rewrite(rel, out)

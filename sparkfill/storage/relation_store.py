@@ -1045,7 +1045,7 @@ class RelationStore:
         tables = self._arrow_rows_many(
             [(_collected_fields(items[i][0]), items[i][1]) for i, _ in todo]
             + [(checks[i][0].schema.fields, checks[i][0]) for i in checked])
-        rows = dict(zip([i for i, _ in todo], tables, strict=False))
+        rows = dict(zip([i for i, _ in todo], tables[:len(todo)], strict=True))
         for i, found in zip(checked, tables[len(todo):], strict=True):
             if found.num_rows:  # the guess was wrong: its changelog built anew
                 rows[i] = self._arrow_rows_raw(items[i][0], checks[i][1]())
@@ -1334,7 +1334,6 @@ class RelationStore:
         key = rel.key[0]
         filters = [(key, "in", keys), (VNODE, "in", list(within.wanted or ()))]
         key_set = pa.array(keys)
-        target = physical_arrow_schema(rel.columns)
         read = []
         try:
             for f, groups, _ in reads:
@@ -1346,8 +1345,7 @@ class RelationStore:
                                                 value_set=key_set.cast(rows[key].type)))
                 else:
                     continue
-                # (a column the file lacks, added after it was written, is NULL)
-                read.append((f, object_files.conformed(rows, target, set(rows.column_names))))
+                read.append((f, rows))
         except (OSError, ValueError, pa.ArrowException) as err:
             _log.warning("%s: a file read on the driver failed (%s); reading it by Spark",
                          rel.name, err)
@@ -1592,11 +1590,13 @@ def _live_merged(rel: StoredRelation, read: Sequence[tuple[DataFile, pa.Table]],
     with its file), in its physical schema: the base rows, and the log rows above
     ``base_epoch`` (the base's epoch among all of its files) up to ``epoch``, of
     which each key's last change (highest epoch, ``U+`` after ``U-``) is kept if it
-    is live, as ``snapshot`` merges them. None when a key holds a NULL."""
+    is live, as ``snapshot`` merges them (a column a file lacks, added after it was
+    written, is NULL). None when a key holds a NULL."""
     schema = physical_arrow_schema(rel.columns)
     parts = []
     for f, rows in read:
-        rows = rows.select(schema.names).cast(schema)
+        # (a column the file lacks, added after it was written, is NULL)
+        rows = object_files.conformed(rows, schema, set(rows.column_names))
         if f.kind == "base":  # each key once, below every log row kept
             rank = pa.repeat(pa.scalar(2 * base_epoch + 1, pa.int64()), rows.num_rows)
         else:
