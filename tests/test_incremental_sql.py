@@ -476,10 +476,11 @@ def test_a_join_side_keeps_only_the_rows_its_where_passes(spark, tmp_path, monke
         eng.close()
 
 
-# blocking (the whole join in its first epoch) is an extended variant: arrangement's
-# chunks and snapshot's fixed snapshot are the cases where a side's need arrives late
+# blocking (the whole join in its first epoch) and snapshot are extended variants:
+# arrangement's chunks are the case where a side's need arrives late
 @pytest.mark.parametrize("strategy", [pytest.param("blocking", marks=pytest.mark.extended),
-                                      "arrangement", "snapshot"])
+                                      "arrangement",
+                                      pytest.param("snapshot", marks=pytest.mark.extended)])
 def test_an_inner_join_keeps_a_side_only_once_the_other_side_needs_its_rows(
         spark, tmp_path, monkeypatch, strategy):
     """An inner join writes no state when it is created: a side's state is kept from
@@ -823,7 +824,8 @@ def test_a_guessed_running_aggregate_is_checked_in_the_flush_and_rebuilt_when_wr
     first: one Spark job fewer); a wrong guess (a group's unique max deleted) is
     rebuilt with the lost groups found first, exact, their rows read from the leaf on
     the driver. An MV another MV reads is not guessed: its lost groups are found
-    before its Δ is read."""
+    before its Δ is read. An MV whose recent epochs lost groups often stops guessing
+    until they seldom do (``GuessPolicy``)."""
     from sparkfill.dataflow import mv as mv_mod
     from sparkfill.storage.relation_store import RelationStore
 
@@ -891,6 +893,18 @@ def test_a_guessed_running_aggregate_is_checked_in_the_flush_and_rebuilt_when_wr
     # the lost group's rows read on the driver, for `a` and for `read`
     assert on_driver == [("t", "g", [1], True)] * 2, on_driver
     assert engine.read("a").where("g = 1").first()["mx"] == 49
+    # one lost group in three epochs, over a share of a quarter: the next epoch is
+    # not guessed (its lost groups are collected first); the one after it, the share
+    # back at a quarter, is again
+    from sparkfill.pipelines import guessing
+    monkeypatch.setattr(guessing, "MAX_LOST_SHARE", 0.25)
+    engine.delete("t", [{"id": 10}])
+    after_wrong = engine.step()
+    verify_all(after_wrong.epoch)
+    engine.delete("t", [{"id": 13}])
+    again = engine.step()
+    verify_all(again.epoch)
+    assert (after_wrong.epoch, 0) in checked and (again.epoch, 1) in checked, checked
     for name in ("a", "read", "over_read"):
         assert engine.verify(name).count() == 0, name
 
@@ -958,7 +972,9 @@ def test_state_deltas_wait_for_the_epochs_one_write_when_lookups_read_small_rela
         assert engine.verify(name).count() == 0
 
 
-@pytest.mark.parametrize("strategy", ["blocking", "snapshot", "arrangement"])
+@pytest.mark.parametrize("strategy", ["blocking", pytest.param("snapshot",
+                                                               marks=pytest.mark.extended),
+                                      "arrangement"])
 def test_counts_and_sums_keep_no_input_rows(engine, spark, monkeypatch, strategy):
     """Running counts, sums and decimal averages per group (and SELECT DISTINCT) need
     only the Δ: their state table stays empty however the MV is created, and under
@@ -1452,3 +1468,31 @@ def test_subqueries_created_online_match_batch_every_epoch(spark, tmp_path):
                     "(SELECT * FROM t2 b WHERE b.bk < a.bk AND b.w > a.v)")
     finally:
         eng.close()
+
+
+def test_a_running_aggregate_guesses_while_its_epochs_seldom_lose_an_extreme():
+    """``GuessPolicy``: an MV with nothing seen guesses; it stops once more than
+    ``MAX_LOST_SHARE`` of its last ``WINDOW`` epochs lost a min/max, and guesses again
+    once older epochs without a loss push the share back down; each MV alone, and
+    a replaced MV starts over."""
+    from sparkfill.pipelines.guessing import MAX_LOST_SHARE, WINDOW, GuessPolicy
+
+    policy = GuessPolicy()
+    assert policy.may_guess(1) and policy.may_guess(2)
+    lost = int(MAX_LOST_SHARE * WINDOW)
+    for _ in range(WINDOW - lost):
+        policy.saw(1, False)
+    for _ in range(lost):
+        policy.saw(1, True)
+    assert policy.may_guess(1)  # exactly the share: still guessed
+    policy.saw(1, True)  # the oldest clean epoch leaves the window
+    assert not policy.may_guess(1)
+    assert policy.may_guess(2)
+    for _ in range(WINDOW):  # clean epochs push the losses out of the window
+        policy.saw(1, False)
+    assert policy.may_guess(1)
+    for _ in range(WINDOW):
+        policy.saw(1, True)
+    assert not policy.may_guess(1)
+    policy.forget(1)
+    assert policy.may_guess(1)

@@ -76,10 +76,11 @@ class Guess(NamedTuple):
     min/max this epoch: ``check`` holds a row for each group that did (none: the
     guess holds, and the changelog is exact); ``instead`` builds the changelog with
     those groups found first (their collect, a Spark job), caching into the list it
-    is given what it reads twice."""
+    is given what it reads twice; ``held`` is told when the check finds none."""
 
     check: DataFrame
     instead: Callable[[list[DataFrame]], DataFrame]
+    held: Callable[[], None] = lambda: None
 
 
 def state_may_wait(mv: Relation, plan: MvPlan) -> bool:
@@ -140,7 +141,8 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
                      held: HeldRows | None = None,
                      few_groups: bool = False,
                      cached: list[DataFrame] | None = None,
-                     guesses: list[Guess] | None = None) -> DataFrame | None:
+                     guesses: list[Guess] | None = None,
+                     saw: Callable[[bool], None] | None = None) -> DataFrame | None:
     """The MV's changelog from ``written``, the row stage's change as appended to the
     aggregate's state table this epoch (None: no change); ``initial``: the job's
     first epoch (a global aggregate emits its row for empty input); ``held``: the
@@ -148,7 +150,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
     again (``extremes = 'leaf'``); ``few_groups``: ``written`` is a bulk Δ of at most
     ``FEW_GROUPS`` groups (estimated); ``cached``: takes the frames it caches (the
     input rows of groups that lost a min/max), for release after the epoch;
-    ``guesses``: as ``aggregate_running``'s."""
+    ``guesses``, ``saw``: as ``aggregate_running``'s."""
     assert plan.agg is not None
     spec = plan.agg
     cols = [c.name for c in agg_state.columns]
@@ -199,7 +201,7 @@ def aggregate_change(store: RelationStore, mv: Relation, plan: MvPlan, agg_state
             assert in_groups is not None  # JSON strings
             return agg_input_rows(plan, agg_state, rows).where(in_groups)
         return aggregate_running(store, mv, spec, agg_state, written, epoch, lost_input,
-                                 few_groups, cached, guesses)
+                                 few_groups, cached, guesses, saw)
     assert isinstance(written, Appended)  # only a running aggregate's state waits
     # the state is distributed by group: the Δ's vnodes are the touched groups'
     old_input = store.lookup(agg_state.stored, epoch - 1,
@@ -214,7 +216,8 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
                       agg_state: Relation, written: StateDelta, epoch: int,
                       lost_input: LostInput, few_groups: bool = False,
                       cached: list[DataFrame] | None = None,
-                      guesses: list[Guess] | None = None) -> DataFrame:
+                      guesses: list[Guess] | None = None,
+                      saw: Callable[[bool], None] | None = None) -> DataFrame:
     """A grouped aggregate kept as running values per group (hidden columns of
     the MV): each touched group's new values are its old ones (a lookup of the
     MV's rows by group) updated by the signed input Δ — counts and exact sums
@@ -226,7 +229,9 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     once, though their values and their rows at each extreme both count them).
     ``guesses``: where the Δ may retract an extreme, the changelog returned is the
     one where no group lost it, and ``guesses`` takes the ``Guess`` that checks so
-    (without it, the lost groups are collected first: a Spark job of their own)."""
+    (without it, the lost groups are collected first: a Spark job of their own);
+    ``saw`` is told, each epoch whose Δ could lose a min/max, whether a group did
+    (``guessing.GuessPolicy``)."""
     running = spec.running
     assert running is not None
     ties = leaf_extremes(spec)
@@ -371,7 +376,11 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     def lost_groups() -> list[tuple[str, int, tuple[object, ...]]]:
         """The groups that lost their extreme: a small collect (one Spark job)."""
         store.spark_jobs += 1
-        return [(str(r[0]), int(r[1]), tuple(r[2:])) for r in sql_over(lost_sql, frames).collect()]
+        found = [(str(r[0]), int(r[1]), tuple(r[2:]))
+                 for r in sql_over(lost_sql, frames).collect()]
+        if saw is not None:
+            saw(bool(found))
+        return found
 
     def changelog(lost_groups: list[tuple[str, int, tuple[object, ...]]],
                   cached: list[DataFrame] | None) -> DataFrame:
@@ -421,7 +430,8 @@ def aggregate_running(store: RelationStore, mv: Relation, spec: AggSpec,
     # wrong: checked in the job that writes the changelog (the epoch's flush), where
     # the lost groups' collect would be a job of its own before it
     guesses.append(Guess(sql_over(f"SELECT {GROUP_OF_ROW} FROM ({lost_sql}) AS _sf_l", frames),
-                         lambda cached: changelog(lost_groups(), cached)))
+                         lambda cached: changelog(lost_groups(), cached),
+                         (lambda: saw(False)) if saw is not None else lambda: None))
     return changelog([], cached)
 
 

@@ -99,7 +99,7 @@ class MvDataflow:
             changes: Sequence[Change | None], epoch: int, initial: bool, emit: Emit,
             rows_hint: int, leaf_rows: Sequence[int] | None = None,
             held: Sequence[HeldRows] | None = None, may_guess: bool = False,
-            ) -> DataflowResult:
+            saw: Callable[[bool], None] | None = None) -> DataflowResult:
         """``changes[i]``: leaf ``i``'s change this epoch (None: none); ``initial``:
         the job's first epoch (a global aggregate emits its row for empty input);
         ``emit`` appends a state table's Δ; ``rows_hint``: about how many rows the
@@ -107,7 +107,8 @@ class MvDataflow:
         rows of leaf ``i`` the MV held before the epoch, read only when an aggregate
         finds a lost min/max again there (``AggSpec.extremes``); ``may_guess``: a
         running aggregate's Δ may be a guess (``DataflowResult.guess``), which the
-        caller checks before it writes the Δ or gives it to any reader."""
+        caller checks before it writes the Δ or gives it to any reader; ``saw``: told,
+        each epoch whose Δ could lose a running min/max, whether a group did."""
         plan = mv.plan
         assert plan is not None
         result = DataflowResult(None)
@@ -188,7 +189,7 @@ class MvDataflow:
         guesses: list[aggregate.Guess] | None = [] if may_guess else None
         result.delta = aggregate.aggregate_change(self.store, mv, plan, states[-1], written,
                                                   epoch, initial, held[0] if held else None,
-                                                  few_groups, result.cached, guesses)
+                                                  few_groups, result.cached, guesses, saw)
         result.guess = guesses[0] if guesses else None
         if isinstance(written, Appended) and written.key_count is not None:
             result.rows_hint = aggregate.changed_rows_bound(written.key_count)

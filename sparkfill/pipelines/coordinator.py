@@ -92,6 +92,7 @@ from .failures import (
     is_row_error,
     load_failures,
 )
+from .guessing import GuessPolicy
 from .refresh import FULL, RefreshPolicy
 from .replace import Switch, swapped, switch_delta, switched
 
@@ -213,10 +214,19 @@ class EpochAppends:
         collect a job of its own). Nothing reads them back this epoch (they waited
         because nothing does), so ``deltas`` does not take them."""
         items, self.deferred = self.deferred, []
-        checks = {i: (g.check, functools.partial(self._instead, rel, g))
+        wrong: set[int] = set()  # the guesses whose check found a lost group
+
+        def instead(i: int, rel: Relation, guess: Guess) -> DataFrame:
+            wrong.add(i)
+            return self._instead(rel, guess)
+
+        checks = {i: (g.check, functools.partial(instead, i, rel, g))
                   for i, (rel, _, g) in enumerate(items) if g is not None}
         written = self.store.append_many([(rel.stored, delta) for rel, delta, _ in items],
                                          self.epoch, checks)
+        for i, (_, _, guess) in enumerate(items):
+            if guess is not None and i not in wrong:
+                guess.held()
         for (rel, _, _), out in zip(items, written, strict=True):
             if out is not None:
                 if out.rewritten:  # (its Δ is not read: only its counts are wanted)
@@ -396,6 +406,8 @@ class EpochCoordinator:
         self._cost_fits: dict[int, tuple[float, float]] = {}
         #: how each created MV takes a change: incremental rules or a recompute
         self.refresh = RefreshPolicy()
+        #: whether each created MV's running min/max is guessed unlost (``Guess``)
+        self.guessing = GuessPolicy()
         #: the last epoch's work after its commit, recorded with the next epoch's row,
         #: and when that work began (the end of its Δs)
         self._after: AfterCommit | None = None
@@ -1007,7 +1019,9 @@ class EpochCoordinator:
             return (self.dataflow.run(rel, leaves, states, changes, epoch, False, emit, hint,
                                       [appends.rows(leaf.id) for leaf in leaves],
                                       held=[self._held(leaf, Held(epoch - 1))
-                                            for leaf in leaves], may_guess=True),
+                                            for leaf in leaves],
+                                      may_guess=self.guessing.may_guess(rel.id),
+                                      saw=functools.partial(self.guessing.saw, rel.id)),
                     [], hint)
         if rel.id in plan.get("queued", []):
             return None, [], 0
@@ -1050,9 +1064,11 @@ class EpochCoordinator:
             self.store.delete(rel.dir)
             self.scan.forget(rel.id)
             self.refresh.forget(rel.id)
+            self.guessing.forget(rel.id)
         self.meta.remove_pending_dirs([self.store.path(r.stored) for r in switch.dropped])
         for rel_id in switch.definitions:
             self.refresh.forget(rel_id)  # a new query: its measured costs start over
+            self.guessing.forget(rel_id)
 
     def _rows_at(self, leaf: Relation, appends: EpochAppends | None, epoch: int) -> DataFrame:
         """The live rows of ``leaf`` at ``epoch``, this epoch's append included (not
