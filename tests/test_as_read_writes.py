@@ -59,7 +59,9 @@ def _stage_t(eng: Engine, rng: random.Random) -> None:
     eng.insert("t", [_row(rng, i) for i in range(600)])
 
 
-@pytest.mark.parametrize("strategy", ["blocking", "arrangement", "no_shuffle"])
+# no_shuffle's chunks are arrangement's read whole: an extended variant
+@pytest.mark.parametrize("strategy", ["blocking", "arrangement",
+                                      pytest.param("no_shuffle", marks=pytest.mark.extended)])
 def test_a_projection_chunk_is_written_as_read_and_stays_exact(spark, tmp_path, monkeypatch,
                                                                strategy):
     at_scale(monkeypatch)  # every chunk of more than 20 rows is a bulk write

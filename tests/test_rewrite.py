@@ -180,7 +180,9 @@ def _random_rows(rng: random.Random, n: int) -> list[tuple]:
     return [(i, maybe(rng.randrange(5)), maybe(rng.randrange(8))) for i in range(n)]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# more random tables: extended variants
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.extended),
+                                  pytest.param(3, marks=pytest.mark.extended)])
 def test_decorrelated_queries_return_the_rows_of_the_original(spark, seed):
     """Over random tables with NULL keys and values (``d`` sometimes empty), every
     query above returns the same rows as a multiset before and after the rewrite."""
