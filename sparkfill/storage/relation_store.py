@@ -91,9 +91,9 @@ from .schema import (
     vnode_each,
 )
 from .spark_files import (
-    ONE_TASK_ROWS,
     WrittenFile,
     empty_frame,
+    one_task_if_few,
     parquet_stats,
     read_parquet,
     row_group_ranges,
@@ -1397,10 +1397,7 @@ class RelationStore:
         kept = merged.filter(pc.is_in(merged[column], value_set=wanted))
         frame = self.spark.createDataFrame(kept.select(rel.column_names)).selectExpr(
             *[f"CAST({quoted(c.name)} AS {c.type}) AS {quoted(c.name)}" for c in rel.columns])
-        # one partition when few: an aggregate or a join over them (and over the
-        # epoch's small change, one partition too) then needs no exchange, which would
-        # split the job that reads them into a job per stage
-        return frame.coalesce(1) if kept.num_rows <= ONE_TASK_ROWS else frame
+        return one_task_if_few(frame, kept.num_rows)
 
     def _copied(self, rel: StoredRelation, files: Sequence[DataFile]) -> bool:
         """Whether a lookup of a few keys reads ``rel``'s base ``files`` through their

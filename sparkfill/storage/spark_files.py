@@ -29,7 +29,7 @@ from .lru import LruCache
 from .warehouse import Warehouse
 
 __all__ = ["WrittenFile", "read_parquet", "read_texts", "write_parquet", "parquet_stats",
-           "spark_native", "empty_frame", "local_paths", "ONE_TASK_ROWS"]
+           "spark_native", "empty_frame", "local_paths", "ONE_TASK_ROWS", "one_task_if_few"]
 
 #: a read of at most this many rows is one partition (one task): a plan over one
 #: partition needs no exchange (a single partition satisfies every distribution a
@@ -138,6 +138,14 @@ def read_parquet(spark: SparkSession, warehouse: Warehouse, schema: T.StructType
     else:
         df = _held(_reads, (id(spark), schema.json(), tuple(uris)), spark,
                    lambda: _read_files(spark, warehouse, schema, uris))
+    return one_task_if_few(df, rows)
+
+
+def one_task_if_few(df: DataFrame, rows: int | None) -> DataFrame:
+    """``df`` as one partition when it holds at most ``ONE_TASK_ROWS`` rows (``rows``;
+    None: not known): an aggregate or a join over it (and over other single
+    partitions) then needs no exchange, which would split its job into a job per
+    stage."""
     return df.coalesce(1) if rows is not None and rows <= ONE_TASK_ROWS else df
 
 
