@@ -15,7 +15,8 @@ from sparkfill.storage import relation_store
 
 AGG = "SELECT g, count(*) AS n, sum(v) AS s, max(v) AS m FROM {src} GROUP BY g"
 COMPILED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK",
-            "spark.sql.constraintPropagation.enabled": "true"}
+            "spark.sql.constraintPropagation.enabled": "true",
+            "spark.sql.parquet.enableVectorizedReader": "true"}
 
 
 @pytest.fixture

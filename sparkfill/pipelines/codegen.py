@@ -30,11 +30,14 @@ LOG = logging.getLogger(__name__)
 #: derives no constraints of its operators (``isnotnull`` filters inferred from a
 #: join's keys, filters pruned as implied): over a few thousand rows they save
 #: nothing, and deriving them over an epoch's plans is its optimizer's largest cost
-#: (``PruneFilters``, bench/RESULTS.md, stop 66)
+#: (``PruneFilters``, bench/RESULTS.md, stop 66); and reads Parquet row by row: the
+#: vectorized reader's column batches (4,096 rows each, allocated per file) cost
+#: more than they save over an epoch's files of a few rows (stops 80-81)
 INTERPRETED_CONF: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.sql.constraintPropagation.enabled": "false",
+    "spark.sql.parquet.enableVectorizedReader": "false",
 }
 #: an epoch whose staged input holds fewer rows than this (and that runs no bulk
 #: work: no backfill, recompute or switch) is interpreted; below it, ``refresh =
