@@ -30,17 +30,6 @@ from helpers import assert_rows_equal, assert_same_rows  # noqa: E402,F401
 os.environ.setdefault("JDK_JAVA_OPTIONS",
                       "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
-#: Every Spark driver a test starts in a process of its own (the crash drivers, the
-#: CLI, a cluster's driver: each builds the engine's default session, which pyspark
-#: launches with these arguments) runs with the tests' session settings
-#: (``session_conf.py``: interpreted plans, Parquet read row by row), as the shared
-#: session does. Measured on five tests of SIGKILLed drivers on three workers: their
-#: durations summed 742 s with the engine's defaults, 554 s with these (stop 81).
-from session_conf import TEST_SPARK_CONF  # noqa: E402
-
-os.environ.setdefault("PYSPARK_SUBMIT_ARGS", " ".join(
-    [f"--conf {key}={value}" for key, value in TEST_SPARK_CONF.items()] + ["pyspark-shell"]))
-
 
 def pytest_configure(config):
     config.addinivalue_line(

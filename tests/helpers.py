@@ -275,6 +275,19 @@ class TableModel:
 CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
+def child_submit_args() -> str:
+    """``PYSPARK_SUBMIT_ARGS`` of a child process: the Spark driver it starts (the
+    engine's default session) runs with the tests' session settings
+    (``session_conf.py``: interpreted plans, Parquet read row by row), as the shared
+    session does. Five tests of SIGKILLed drivers on three workers: their durations
+    summed 742 s with the engine's defaults, 554 s with these (bench/RESULTS.md,
+    stop 81)."""
+    from session_conf import TEST_SPARK_CONF
+
+    conf = [f"--conf {key}={value}" for key, value in TEST_SPARK_CONF.items()]
+    return " ".join([*conf, "pyspark-shell"])
+
+
 def subprocess_env(master: str = "local[1]") -> dict[str, str]:
     """Environment for a child Python process that runs sparkfill."""
     env = dict(os.environ)
@@ -286,6 +299,7 @@ def subprocess_env(master: str = "local[1]") -> dict[str, str]:
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("JAVA_TOOL_OPTIONS", CHILD_JVM_OPTIONS)
+    env.setdefault("PYSPARK_SUBMIT_ARGS", child_submit_args())
     return env
 
 
