@@ -7,6 +7,13 @@
 #                 then the tests marked `connect` again against Spark Connect servers (two workers)
 #   make lint   - ruff + mypy
 #   make bench  - run the backfill and steady-state benchmarks (steady appends to bench/RESULTS.md)
+#   make bench-scale - issues 32 and 33 goal by goal at 16,000,000 rows (1,000,000 beside):
+#                 a first load and each MV's blocking CREATE against Spark's write and a batch
+#                 CTAS, the floor under a placed load, online creation while the table
+#                 changes, steady epochs and the Structured Streaming peer, a large change and
+#                 a bulk UPDATE against a recompute, an epoch's anatomy; SCALE_ROWS=N for
+#                 another size, TPCH_QUERIES="q1 q3" adds TPC-H at scale 1 created online
+#                 (about 25 minutes without TPC-H; the tables append to bench/RESULTS.md)
 #   make bench-nexmark - every Nexmark query created online and dropped one after another in
 #                 one warehouse whose history grows (1,000 events per epoch), each checked by
 #                 VERIFY at every epoch once created (appends to bench/RESULTS.md)
@@ -35,6 +42,9 @@ WORKERS ?= 3
 SEED ?= 1
 N ?= 10000
 SITES ?= 200
+# make bench-scale's large table, and the TPC-H queries it creates at scale 1 (none: skipped)
+SCALE_ROWS ?= 16000000
+TPCH_QUERIES ?=
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -47,7 +57,7 @@ SHELL := /bin/bash
 WITH_JAVA = JAVA_HOME="$$(bash scripts/ensure_java.sh | tail -n 1)"; \
 	export JAVA_HOME; export PATH="$$JAVA_HOME/bin:$$PATH";
 
-.PHONY: demo test venv java lint bench bench-nexmark bench-tpcds torture clean distclean
+.PHONY: demo test venv java lint bench bench-scale bench-nexmark bench-tpcds torture clean distclean
 
 demo: venv
 	@$(WITH_JAVA) exec $(VPY) -m sparkfill.demo
@@ -90,6 +100,19 @@ lint: venv
 bench: venv
 	@$(WITH_JAVA) exec $(VPY) bench/backfill_bench.py
 	@$(WITH_JAVA) exec $(VPY) bench/steady_bench.py --out bench/RESULTS.md
+
+bench-scale: venv
+	@$(WITH_JAVA) $(VPY) bench/bulk_anatomy.py --rows $(SCALE_ROWS) --repeat 3 --create
+	@$(WITH_JAVA) $(VPY) bench/load_floor.py --rows $(SCALE_ROWS) --repeat 3
+	@$(WITH_JAVA) $(VPY) bench/backfill_bench.py --rows 1000000 --mvs agg proj \
+		--strategies blocking default snapshot --out bench/RESULTS.md
+	@$(WITH_JAVA) $(VPY) bench/steady_bench.py --rows 1000000 $(SCALE_ROWS) --changes 1000 \
+		--epochs 7 --out bench/RESULTS.md
+	@$(WITH_JAVA) $(VPY) bench/refresh_bench.py --rows 1000000 --changes 100000 --epochs 2 \
+		--out bench/RESULTS.md
+	@$(WITH_JAVA) $(VPY) bench/epoch_anatomy.py --rows 1000000 --changes 1000 --epochs 5 --phases
+	@if [ -n "$(TPCH_QUERIES)" ]; then $(WITH_JAVA) $(VPY) bench/tpch_bench.py --scale 1 \
+		--queries $(TPCH_QUERIES) --epochs 3 --out bench/RESULTS.md; fi
 
 bench-nexmark: venv
 	@$(WITH_JAVA) exec $(VPY) bench/nexmark_bench.py --events 1000 --history 5 --epochs 2 \
