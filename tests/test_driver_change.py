@@ -43,11 +43,14 @@ def test_the_drivers_change_equals_sparks_and_keeps_the_table_exact(spark, tmp_p
     try:
         compact_often(eng)
         copy_reads: list[str] = []
+        footers_given: list[str] = []  # reads of a copy whose footer was kept parsed
         read_row_groups = eng.store.warehouse.read_row_groups
 
-        def counted(uri: str, groups: list[int]):
+        def counted(uri: str, groups: list[int], metadata=None):
             copy_reads.append(uri)
-            return read_row_groups(uri, groups)
+            if metadata is not None:
+                footers_given.append(uri)
+            return read_row_groups(uri, groups, metadata)
         monkeypatch.setattr(eng.store.warehouse, "read_row_groups", counted)
         eng.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, g INT, v INT, f DOUBLE, s STRING)")
         model: dict[int, dict] = {}
@@ -112,6 +115,8 @@ def test_the_drivers_change_equals_sparks_and_keeps_the_table_exact(spark, tmp_p
                              label=f"agg at epoch {report.epoch}")
         assert on_driver >= 6 and spark_side >= 2, (on_driver, spark_side)
         assert any("/keyed-" in uri for uri in copy_reads), "no keyed copy read by the driver"
+        assert any("/keyed-" in uri for uri in footers_given), \
+            "no keyed copy read with its footer as parsed before"
         assert eng.verify("agg").count() == 0
     finally:
         eng.close()

@@ -680,3 +680,23 @@ def test_lru_cache_keeps_the_most_recently_used():
     assert cache.get_or_build("d", lambda: built.append("d") or [4]) == [4]
     assert cache.get_or_build("d", lambda: built.append("again") or [5]) == [4]
     assert built == ["d"] and cache.get("c") is None
+
+
+def test_a_weighed_lru_cache_keeps_the_most_recent_entries_within_its_weight():
+    """The keyed copies' footer cache: entries weigh their row groups' column chunks;
+    the most recently used are kept while their weights sum to at most the limit, a
+    value heavier than the limit alone is not kept, and a put again reweighs."""
+    from sparkfill.storage.lru import LruCache
+
+    cache: LruCache[str, list[int]] = LruCache(10, len)
+    cache.put("a", [0] * 4)
+    cache.put("b", [0] * 5)
+    assert cache.get("a") is not None and cache.weight == 9  # "a" is now the most recent
+    cache.put("c", [0] * 3)  # 12 > 10: forgets "b", the least recently used
+    assert cache.get("b") is None and len(cache) == 2 and cache.weight == 7
+    assert cache.put("huge", [0] * 11) == [0] * 11  # returned, not kept
+    assert cache.get("huge") is None and cache.weight == 7
+    cache.put("a", [0] * 8)  # reweighed: 8 + 3 > 10 forgets "c"
+    assert cache.get("c") is None and cache.weight == 8 and len(cache) == 1
+    cache.clear()
+    assert cache.weight == 0 and cache.get("a") is None

@@ -1,8 +1,11 @@
 """A bounded cache of values that never change under their keys (a file's footer,
-a table version's file list): it keeps the ``limit`` most recently used entries.
+a table version's file list): it keeps the ``limit`` most recently used entries, or,
+given a ``weigh``, the most recently used entries whose weights sum to at most
+``limit``.
 
-Invariant: at most ``limit`` entries; ``get`` of a key makes it the most recently
-used; ``put`` beyond ``limit`` forgets the least recently used first.
+Invariant: the entries' weights (1 each without ``weigh``) sum to at most ``limit``;
+``get`` of a key makes it the most recently used; ``put`` beyond ``limit`` forgets
+the least recently used first (a value heavier than ``limit`` alone is not kept).
 """
 
 from __future__ import annotations
@@ -18,23 +21,33 @@ V = TypeVar("V")
 
 
 class LruCache(Generic[K, V]):
-    """Values by key, the ``limit`` most recently used kept."""
+    """Values by key, the most recently used kept: ``limit`` of them, or as many as
+    weigh at most ``limit`` in all by ``weigh``."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, weigh: Callable[[V], int] | None = None) -> None:
         self.limit = limit
-        self._items: OrderedDict[K, V] = OrderedDict()
+        self._weigh = weigh
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.weight = 0
 
     def get(self, key: K) -> V | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
-        return value
+        held = self._items.get(key)
+        if held is None:
+            return None
+        self._items.move_to_end(key)
+        return held[0]
 
     def put(self, key: K, value: V) -> V:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
+        weight = 1 if self._weigh is None else self._weigh(value)
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.weight -= old[1]
+        if weight > self.limit:
+            return value
+        self._items[key] = (value, weight)
+        self.weight += weight
+        while self.weight > self.limit:
+            self.weight -= self._items.popitem(last=False)[1][1]
         return value
 
     def get_or_build(self, key: K, build: Callable[[], V]) -> V:
@@ -44,6 +57,7 @@ class LruCache(Generic[K, V]):
 
     def clear(self) -> None:
         self._items.clear()
+        self.weight = 0
 
     def __len__(self) -> int:
         return len(self._items)

@@ -297,10 +297,12 @@ class Warehouse:
             return pq.read_table(self.fs_path(uri), filters=filters)
         return pq.read_table(self.fs_path(uri), filesystem=self.fs, filters=filters)
 
-    def read_row_groups(self, uri: str, groups: builtins.list[int]) -> pa.Table:
-        """The rows of one Parquet file's row groups ``groups``."""
+    def read_row_groups(self, uri: str, groups: builtins.list[int],
+                        metadata: pq.FileMetaData | None = None) -> pa.Table:
+        """The rows of one Parquet file's row groups ``groups``; ``metadata``: the
+        file's footer as read before (a file that never changes), not parsed again."""
         with self.fs.open_input_file(self.fs_path(uri)) as fh:
-            return pq.ParquetFile(fh).read_row_groups(groups)
+            return pq.ParquetFile(fh, metadata=metadata).read_row_groups(groups)
 
     def parquet_metadata(self, uri: str) -> pq.FileMetaData:
         with self.fs.open_input_file(self.fs_path(uri)) as fh:
