@@ -54,7 +54,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -1351,8 +1351,9 @@ class RelationStore:
                     rows = self.warehouse.read_parquet(f.uri, filters)
                 elif groups:
                     uri = keyed_copy_uri(f.uri)
-                    rows = self.warehouse.read_row_groups(uri, groups,
-                                                          self._keyed_footers.get(uri))
+                    footer = self._keyed_footers.get_or_build(
+                        uri, partial(self.warehouse.parquet_metadata, uri))
+                    rows = self.warehouse.read_row_groups(uri, groups, footer)
                     rows = rows.filter(pc.is_in(rows[key],
                                                 value_set=key_set.cast(rows[key].type)))
                 else:
