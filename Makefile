@@ -13,7 +13,7 @@
 #                 changes, steady epochs and the Structured Streaming peer, a large change and
 #                 a bulk UPDATE against a recompute, an epoch's anatomy; SCALE_ROWS=N for
 #                 another size, TPCH_QUERIES="q1 q3" adds TPC-H at scale 1 created online
-#                 (about 25 minutes without TPC-H; the tables append to bench/RESULTS.md)
+#                 (about 20 minutes without TPC-H; the tables append to bench/RESULTS.md)
 #   make bench-nexmark - every Nexmark query created online and dropped one after another in
 #                 one warehouse whose history grows (1,000 events per epoch), each checked by
 #                 VERIFY at every epoch once created (appends to bench/RESULTS.md)

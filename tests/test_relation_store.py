@@ -698,5 +698,9 @@ def test_a_weighed_lru_cache_keeps_the_most_recent_entries_within_its_weight():
     assert cache.get("huge") is None and cache.weight == 7
     cache.put("a", [0] * 8)  # reweighed: 8 + 3 > 10 forgets "c"
     assert cache.get("c") is None and cache.weight == 8 and len(cache) == 1
+    cache.discard("a")
+    cache.discard("never held")
+    assert cache.weight == 0 and cache.get("a") is None and len(cache) == 0
+    cache.put("b", [0] * 2)
     cache.clear()
-    assert cache.weight == 0 and cache.get("a") is None
+    assert cache.weight == 0 and cache.get("b") is None

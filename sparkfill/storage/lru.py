@@ -55,6 +55,12 @@ class LruCache(Generic[K, V]):
         found = self.get(key)
         return found if found is not None else self.put(key, build())
 
+    def discard(self, key: K) -> None:
+        """Forget ``key``'s value, if held."""
+        held = self._items.pop(key, None)
+        if held is not None:
+            self.weight -= held[1]
+
     def clear(self) -> None:
         self._items.clear()
         self.weight = 0

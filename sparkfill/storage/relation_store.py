@@ -1453,6 +1453,9 @@ class RelationStore:
                                    "src string, dst string").mapInArrow(
             writer, object_files.KEYED_WRITTEN_SCHEMA).collect()
         self.spark_jobs += 1
+        for f in base:  # a copy written again (its first was lost): its footer read anew
+            self._keyed_groups.discard(keyed_copy_uri(f.uri))
+            self._keyed_footers.discard(keyed_copy_uri(f.uri))
         folders = sorted({f.folder_uri for f in base})
         with self.meta.transaction() as conn:
             for folder in folders:
